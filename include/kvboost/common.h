@@ -1,0 +1,120 @@
+// kvboost/common.h — errors, mapped files, number formats, threads, CPU features.
+// The bottom layer: every other module may use it; it uses nothing of ours.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace kvboost {
+
+// Library errors are exceptions of this type. The message names the file, field or value at
+// fault; interfaces (CLI, server, Python) convert it at their boundary.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Concatenates its arguments (anything streamable) into an Error and throws it.
+template <typename... Args>
+[[noreturn]] void fail(const Args&... args);
+
+// Reads a whole file; throws Error naming the path when it cannot.
+std::string read_file(const std::string& path);
+bool file_exists(const std::string& path);
+std::string path_join(const std::string& dir, const std::string& name);
+
+// A read-only memory map of a whole file. Move-only; unmaps on destruction.
+class MappedFile {
+ public:
+  MappedFile() = default;
+  explicit MappedFile(const std::string& path);
+  MappedFile(MappedFile&& o) noexcept;
+  MappedFile& operator=(MappedFile&& o) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  void reset();
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// bf16 / f16 <-> f32. bf16 is the top half of an f32; rounding to bf16 is round-to-nearest-even
+// (as torch does), NaN stays NaN.
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);  // round-to-nearest-even, overflow to inf
+
+// CPU features, detected once. KVBOOST_ISA (scalar|avx2|avx512) caps what is used, so tests
+// can run every kernel path on one machine.
+enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512bf16 = false, avx512vnni = false;
+  bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
+};
+const CpuFeatures& cpu_features();
+Isa active_isa();           // the best ISA allowed by the hardware and KVBOOST_ISA
+void set_active_isa(Isa);   // tests: force a path (clamped to what the CPU supports)
+const char* isa_name(Isa);
+
+// Threads: kernels parallelise with OpenMP over a persistent team sized to the cores.
+int num_threads();
+void set_num_threads(int n);
+
+// Monotonic wall clock in milliseconds.
+double now_ms();
+
+// ---- implementation of fail() ----
+namespace detail {
+void append_arg(std::string& s, std::string_view v);
+void append_arg(std::string& s, const char* v);
+void append_arg(std::string& s, const std::string& v);
+void append_arg(std::string& s, char v);
+void append_arg(std::string& s, bool v);
+void append_arg(std::string& s, long long v);
+void append_arg(std::string& s, unsigned long long v);
+void append_arg(std::string& s, double v);
+template <typename T>
+void append_any(std::string& s, const T& v) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool> && !std::is_same_v<T, char>) {
+    if constexpr (std::is_signed_v<T>) append_arg(s, static_cast<long long>(v));
+    else append_arg(s, static_cast<unsigned long long>(v));
+  } else if constexpr (std::is_floating_point_v<T>) {
+    append_arg(s, static_cast<double>(v));
+  } else {
+    append_arg(s, v);
+  }
+}
+}  // namespace detail
+
+template <typename... Args>
+[[noreturn]] void fail(const Args&... args) {
+  std::string s;
+  (detail::append_any(s, args), ...);
+  throw Error(s);
+}
+
+}  // namespace kvboost

@@ -1,0 +1,1 @@
+#include "kvboost/tokenizer.h"

@@ -1,0 +1,34 @@
+#include "test_util.h"
+
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace kvboost::test {
+
+std::string shared_path(const std::string& rel) {
+  const char* env = std::getenv("KVBOOST_SHARED_DIR");
+  std::string base = env && *env ? env : KVBOOST_SHARED_DIR;
+  return base + "/" + rel;
+}
+
+bool oracles_required() {
+  const char* env = std::getenv("KVBOOST_REQUIRE_ORACLES");
+  return env && std::string(env) == "1";
+}
+
+bool path_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string make_temp_dir(const std::string& name) {
+  namespace fs = std::filesystem;
+  fs::path p = fs::path(KVBOOST_BINARY_DIR) / "test_tmp" / name;
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+}  // namespace kvboost::test

@@ -1,0 +1,29 @@
+// Helpers shared by the test programs.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace kvboost::test {
+
+// ../shared (or $KVBOOST_SHARED_DIR) + "/" + rel.
+std::string shared_path(const std::string& rel);
+// True when KVBOOST_REQUIRE_ORACLES=1: a missing oracle is then a failure, not a skip.
+bool oracles_required();
+// A fresh empty directory under the build tree's temp area.
+std::string make_temp_dir(const std::string& name);
+
+}  // namespace kvboost::test
+
+// Skips the test (or fails it when oracles are required) if `path` does not exist.
+#define KVBOOST_REQUIRE_PATH(path)                                                   \
+  do {                                                                               \
+    if (!::kvboost::test::path_exists(path)) {                                       \
+      if (::kvboost::test::oracles_required()) FAIL() << "missing oracle: " << (path); \
+      GTEST_SKIP() << "missing " << (path) << " (oracle data not available)";         \
+    }                                                                                \
+  } while (0)
+
+namespace kvboost::test {
+bool path_exists(const std::string& path);
+}
