@@ -1,0 +1,62 @@
+// kvboost/kernels.h — compute kernels: free functions over plain pointers and explicit shapes.
+// No allocation, no virtual calls. Each public kernel dispatches once per call on
+// kvboost::active_isa() to a per-ISA version; every fast version has a scalar `_ref` beside it
+// that the tests compare against. Uses only kvboost/common.h.
+#pragma once
+
+#include <cstdint>
+
+namespace kvboost::kernels {
+
+// Weight element types as stored in checkpoint files.
+enum class WType : uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
+const char* wtype_name(WType);
+int wtype_size(WType);
+
+// y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n] when bias != nullptr)
+// x: [M, K] f32 row-major; w: [N, K] of type wt row-major (the nn.Linear layout);
+// bias: [N] f32 or nullptr; y: [M, N] f32. Parallel over N (and M) with OpenMP.
+void matmul(const float* x, const void* w, WType wt, const float* bias, float* y,
+            int64_t M, int64_t N, int64_t K);
+void matmul_ref(const float* x, const void* w, WType wt, const float* bias, float* y,
+                int64_t M, int64_t N, int64_t K);
+
+// Row-wise RMSNorm: y = x / sqrt(mean(x^2) + eps) * w.   x, y: [n_rows, dim]; w: [dim].
+// x == y is allowed.
+void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t dim, float eps);
+void rms_norm_ref(const float* x, const float* w, float* y, int64_t n_rows, int64_t dim, float eps);
+
+// Rotary embedding, Hugging Face rotate-half convention: within each head the pair is
+// (i, i + head_dim/2). x: [n_tokens, n_heads, head_dim], rotated in place. cos/sin:
+// [n_tokens, head_dim/2], already evaluated at each token's position.
+void rope_rotate_half(float* x, const float* cos, const float* sin, int64_t n_tokens,
+                      int64_t n_heads, int64_t head_dim);
+
+// y[i] = silu(gate[i]) * up[i]; gate/up/y: [n]. y may alias gate.
+void silu_mul(const float* gate, const float* up, float* y, int64_t n);
+void silu_mul_ref(const float* gate, const float* up, float* y, int64_t n);
+
+// Causal grouped-query attention over a contiguous KV cache.
+// q:   [n_q, n_heads, head_dim]   queries for positions q_pos0 .. q_pos0 + n_q - 1
+// k,v: [n_kv_tokens, n_kv_heads, head_dim], token t is at position t (t < n_kv_tokens)
+// out: [n_q, n_heads, head_dim]
+// Query i attends keys j with j <= q_pos0 + i and, when window > 0, (q_pos0 + i) - j < window.
+// scale multiplies q·k (1/sqrt(head_dim) for these models). Scores accumulate in f32.
+// scratch: at least n_threads * n_kv_tokens floats.
+void attention(const float* q, const float* k, const float* v, float* out, int64_t n_q,
+               int64_t q_pos0, int64_t n_kv_tokens, int64_t n_heads, int64_t n_kv_heads,
+               int64_t head_dim, int64_t window, float scale, float* scratch);
+void attention_ref(const float* q, const float* k, const float* v, float* out, int64_t n_q,
+                   int64_t q_pos0, int64_t n_kv_tokens, int64_t n_heads, int64_t n_kv_heads,
+                   int64_t head_dim, int64_t window, float scale);
+
+// Converts n elements of type wt to f32 (embedding rows, norms).
+void to_f32(const void* src, WType wt, float* dst, int64_t n);
+
+// ---- sampling math (over one row of logits) ----
+// In-place softmax of x[0..n).
+void softmax(float* x, int64_t n);
+// Index of the largest value (first one on ties).
+int64_t argmax(const float* x, int64_t n);
+
+}  // namespace kvboost::kernels

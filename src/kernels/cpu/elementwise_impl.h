@@ -1,0 +1,32 @@
+// Internal: element-wise kernels written once, compiled twice — into elementwise.cpp for the
+// baseline ISA (the scalar reference) and into elementwise_avx2.cpp with AVX2 enabled, where
+// the `omp simd` loops vectorise.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+namespace kvboost::kernels::cpu::impl {
+
+inline void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t dim,
+                     float eps) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < dim; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / float(dim) + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) yr[i] = w[i] * (xr[i] * inv);
+  }
+}
+
+inline void silu_mul(const float* gate, const float* up, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    y[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+}  // namespace kvboost::kernels::cpu::impl

@@ -1,0 +1,46 @@
+// The one place where a kernel version is chosen (kvboost::active_isa(), KVBOOST_ISA override).
+#include <omp.h>
+
+#include "cpu/cpu_kernels.h"
+#include "kvboost/common.h"
+
+namespace kvboost::kernels {
+
+const char* wtype_name(WType t) {
+  switch (t) {
+    case WType::F32: return "F32";
+    case WType::F16: return "F16";
+    case WType::BF16: return "BF16";
+  }
+  return "?";
+}
+
+int wtype_size(WType t) { return t == WType::F32 ? 4 : 2; }
+
+void matmul(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
+            int64_t N, int64_t K) {
+  if (active_isa() >= Isa::Avx2) return cpu::matmul_avx2(x, w, wt, bias, y, M, N, K);
+  matmul_ref(x, w, wt, bias, y, M, N, K);
+}
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t dim, float eps) {
+  if (active_isa() >= Isa::Avx2) return cpu::rms_norm_avx2(x, w, y, n_rows, dim, eps);
+  rms_norm_ref(x, w, y, n_rows, dim, eps);
+}
+
+void silu_mul(const float* gate, const float* up, float* y, int64_t n) {
+  if (active_isa() >= Isa::Avx2) return cpu::silu_mul_avx2(gate, up, y, n);
+  silu_mul_ref(gate, up, y, n);
+}
+
+void attention(const float* q, const float* k, const float* v, float* out, int64_t n_q,
+               int64_t q_pos0, int64_t n_kv_tokens, int64_t n_heads, int64_t n_kv_heads,
+               int64_t head_dim, int64_t window, float scale, float* scratch) {
+  if (active_isa() >= Isa::Avx2)
+    return cpu::attention_avx2(q, k, v, out, n_q, q_pos0, n_kv_tokens, n_heads, n_kv_heads,
+                               head_dim, window, scale, scratch);
+  cpu::attention_scalar(q, k, v, out, n_q, q_pos0, n_kv_tokens, n_heads, n_kv_heads, head_dim,
+                        window, scale, scratch);
+}
+
+}  // namespace kvboost::kernels
