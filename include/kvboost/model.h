@@ -1,0 +1,178 @@
+// kvboost/model.h — Hugging Face model directories: config, safetensors weights (memory-mapped),
+// the Llama-family decoder (llama, mistral, qwen2, qwen3) and its forward pass.
+// Uses kvboost/common.h and kvboost/kernels.h.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvboost/common.h"
+#include "kvboost/kernels.h"
+
+namespace kvboost {
+
+// rope_scaling from config.json. type "default" (none), "linear", "llama3".
+struct RopeScaling {
+  std::string type = "default";
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+// Sampling defaults a model ships in generation_config.json.
+struct GenerationDefaults {
+  bool do_sample = false;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;  // 0 = off (HF's default of 50 applies only when do_sample and unset: see engine)
+  float repetition_penalty = 1.0f;
+};
+
+struct ModelConfig {
+  std::string model_type;  // llama | mistral | qwen2 | qwen3
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v projections carry a bias (qwen2; llama attention_bias)
+  bool qk_norm = false;         // per-head RMSNorm on q and k before RoPE (qwen3)
+  std::vector<int64_t> layer_window;  // per layer: sliding-window size, 0 = full attention
+  std::optional<int32_t> bos_token_id;
+  std::vector<int32_t> eos_token_ids;  // generation_config.json first, then config.json
+  GenerationDefaults generation;
+
+  // Parses config.json (and generation_config.json when present) of a model directory.
+  static ModelConfig from_dir(const std::string& dir);
+  // `source` names the config in error messages.
+  static ModelConfig from_json(const std::string& config_json,
+                               const std::string& generation_config_json = "",
+                               const std::string& source = "config.json");
+};
+
+// The model_type values this build runs.
+const std::vector<std::string>& supported_model_types();
+
+// One tensor inside a mapped safetensors file.
+struct TensorInfo {
+  std::string name;
+  std::string dtype;  // as written in the file ("BF16", "F32", "I64", ...)
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t nbytes = 0;
+  std::string file;
+};
+
+// All tensors of a model directory: model.safetensors, or the shards listed by
+// model.safetensors.index.json. Files are memory-mapped; tensors are not copied.
+class WeightFiles {
+ public:
+  static WeightFiles open_dir(const std::string& dir);
+  static WeightFiles open_file(const std::string& path);  // one .safetensors file
+  const TensorInfo* find(const std::string& name) const;
+  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  size_t total_bytes() const;
+  // Touches every page so that the first forward pass does not pay for page faults.
+  void prefault(const std::function<void(size_t done, size_t total)>& progress) const;
+
+ private:
+  void add_file(const std::string& path, const std::vector<std::string>* only);
+  std::vector<std::shared_ptr<MappedFile>> files_;
+  std::map<std::string, TensorInfo> tensors_;
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> owned_;  // realigned copies (rare)
+};
+
+// A weight matrix or vector as the kernels see it.
+struct Weight {
+  const void* data = nullptr;
+  kernels::WType type = kernels::WType::F32;
+  int64_t rows = 0, cols = 0;  // [rows, cols]; vectors have rows == 1
+};
+
+// Per-sequence K/V storage, contiguous: k/v[layer] is [capacity, n_kv_heads, head_dim] f32.
+// (Paged storage shared between sequences replaces this in the paged-KV work.)
+class KvCache {
+ public:
+  KvCache(const ModelConfig& cfg, int64_t capacity);
+  int64_t capacity() const { return capacity_; }
+  int64_t size() const { return size_; }  // tokens stored
+  void clear() { size_ = 0; }
+  void truncate(int64_t n) { size_ = n < size_ ? n : size_; }
+  float* k(int64_t layer) { return k_.data() + layer * layer_stride_; }
+  float* v(int64_t layer) { return v_.data() + layer * layer_stride_; }
+  void set_size(int64_t n) { size_ = n; }
+
+ private:
+  int64_t capacity_, size_ = 0, layer_stride_;
+  std::vector<float> k_, v_;
+};
+
+struct LoadOptions {
+  bool prefault = true;
+  std::function<void(const std::string& stage, size_t done, size_t total)> progress;
+};
+
+class Model {
+ public:
+  static std::unique_ptr<Model> load(const std::string& dir, const LoadOptions& opt = {});
+  ~Model();
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::string& dir() const { return dir_; }
+  size_t weight_bytes() const;
+
+  // Runs tokens[0..n) at positions kv.size() .. kv.size()+n-1, appends their K/V to kv, and
+  // writes logits: [n, vocab] when all_logits, else [vocab] for the last token only.
+  // Throws Error if kv lacks room.
+  void forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logits,
+               bool all_logits = false) const;
+
+  struct Layer;
+
+ private:
+  Model();
+  ModelConfig cfg_;
+  std::string dir_;
+  WeightFiles files_;
+  Weight embed_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+  std::vector<float> final_norm_store_;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+};
+
+// Writes a random-weight model directory of the given architecture (config.json,
+// generation_config.json, model.safetensors or shards, and a tokenizer when tokenizer_kind is
+// not empty) for tests, benchmarks and the offline demo.
+struct FixtureSpec {
+  std::string arch = "llama";  // llama | mistral | qwen2 | qwen3
+  std::string dtype = "f32";   // f32 | f16 | bf16
+  int64_t hidden = 64, intermediate = 172, layers = 2, heads = 8, kv_heads = 4, head_dim = 0;
+  int64_t vocab = 0;  // 0: the tokenizer's size (or 512 without tokenizer)
+  int64_t max_pos = 2048;
+  bool tie = true;
+  std::string rope_scaling;  // "" | "llama3"
+  int64_t sliding_window = 0;
+  int shards = 1;
+  uint64_t seed = 1;
+  double rope_theta = 10000.0;
+  std::string tokenizer_kind = "bytelevel";  // "" | bytelevel | sentencepiece
+  std::string tokenizer_dir;                 // copy tokenizer files from here instead
+  float init_std = 0.02f;
+};
+FixtureSpec fixture_preset(const std::string& name);  // tiny | qwen2.5-0.5b | llama3.2-1b
+void write_fixture_model(const std::string& dir, const FixtureSpec& spec);
+
+}  // namespace kvboost

@@ -1,0 +1,71 @@
+#include "cli_util.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <iterator>
+
+namespace kvboost::cli {
+
+std::string default_model_dir() {
+  if (const char* d = std::getenv("KVBOOST_DEMO_MODEL"); d && *d) return d;
+  std::string base;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) base = x;
+  else if (const char* h = std::getenv("HOME"); h && *h) base = std::string(h) + "/.cache";
+  else base = "/tmp";
+  return base + "/kvboost/demo-model-v1";
+}
+
+std::string resolve_model_dir(const std::string& dir, bool quiet) {
+  if (!dir.empty()) return dir;
+  const std::string d = default_model_dir();
+  if (!file_exists(path_join(d, "model.safetensors"))) {
+    if (!quiet)
+      std::fprintf(stderr, "kvboost: no --model given; generating the offline demo model in %s\n", d.c_str());
+    FixtureSpec spec = fixture_preset("tiny");
+    spec.hidden = 128, spec.intermediate = 344, spec.layers = 4, spec.heads = 8, spec.kv_heads = 4;
+    spec.vocab = 1024;
+    const std::string tmp = d + ".tmp";
+    std::filesystem::remove_all(tmp);
+    write_fixture_model(tmp, spec);
+    std::filesystem::remove_all(d);
+    std::filesystem::create_directories(std::filesystem::path(d).parent_path());
+    std::filesystem::rename(tmp, d);
+  }
+  if (!quiet)
+    std::fprintf(stderr,
+                 "kvboost: using the generated demo model (random weights: its text is not meaningful).\n"
+                 "         Point --model at a Hugging Face model directory for real output.\n");
+  return d;
+}
+
+std::unique_ptr<Engine> load_engine(const std::string& dir, bool quiet) {
+  LoadOptions opt;
+  const bool tty = isatty(STDERR_FILENO);
+  double last = 0;
+  if (!quiet) {
+    opt.progress = [&](const std::string& stage, size_t done, size_t total) {
+      if (stage != "weights" || total == 0) return;
+      const double t = now_ms();
+      if (tty && done < total && t - last < 100) return;
+      last = t;
+      const int pct = int(done * 100 / total);
+      const int bar = pct / 4;
+      if (tty || done == total)
+        std::fprintf(stderr, "%sloading %s [%.*s%*s] %3d%% %.0f/%.0f MiB%s", tty ? "\r" : "",
+                     dir.c_str(), bar, "#########################", 25 - bar, "", pct,
+                     done / 1048576.0, total / 1048576.0, done == total ? "\n" : "");
+    };
+  }
+  return Engine::load(dir, opt);
+}
+
+std::string read_stdin() {
+  std::freopen(nullptr, "rb", stdin);
+  return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+}
+
+}  // namespace kvboost::cli

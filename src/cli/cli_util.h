@@ -1,0 +1,24 @@
+// Internal to the CLI: shared option handling and the default demo model.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "kvboost/runtime.h"
+
+namespace kvboost::cli {
+
+// Where `kvboost` puts its generated demo model when --model is not given.
+std::string default_model_dir();
+// Returns `dir` if given, else the demo model directory, generating it on first use.
+std::string resolve_model_dir(const std::string& dir, bool quiet);
+// Loads an engine, drawing a progress line on stderr while weights are paged in.
+std::unique_ptr<Engine> load_engine(const std::string& dir, bool quiet);
+// Reads all of standard input as bytes.
+std::string read_stdin();
+
+void add_generate(CLI::App& app);
+void add_tokenize(CLI::App& app);
+void add_logits(CLI::App& app);
+
+}  // namespace kvboost::cli

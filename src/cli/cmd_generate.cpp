@@ -1,0 +1,87 @@
+// kvboost generate: stream a completion to stdout, statistics to stderr.
+#include <cstdio>
+#include <memory>
+
+#include "cli_util.h"
+
+namespace kvboost::cli {
+
+namespace {
+struct GenerateArgs {
+  std::string model, prompt, prompt_file;
+  int max_tokens = 256;
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int> top_k;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;
+  bool no_special = false, ignore_eos = false, quiet = false, echo = false;
+  int threads = 0;
+};
+
+void run_generate(const GenerateArgs& a) {
+  if (a.threads > 0) set_num_threads(a.threads);
+  std::string prompt = a.prompt;
+  if (!a.prompt_file.empty()) prompt = read_file(a.prompt_file);
+  else if (prompt.empty()) fail("no prompt: give -p TEXT or -f FILE");
+  const std::string dir = resolve_model_dir(a.model, a.quiet);
+  auto engine = load_engine(dir, a.quiet);
+
+  GenerateOptions opt;
+  opt.max_new_tokens = a.max_tokens;
+  opt.sampling.temperature = a.temperature;
+  opt.sampling.top_k = a.top_k;
+  opt.sampling.top_p = a.top_p;
+  opt.sampling.min_p = a.min_p;
+  opt.sampling.repetition_penalty = a.repetition_penalty;
+  opt.sampling.seed = a.seed;
+  opt.stop = a.stop;
+  opt.add_special = !a.no_special;
+  opt.ignore_eos = a.ignore_eos;
+  opt.on_text = [](std::string_view s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  };
+  if (a.echo) {
+    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+    std::fflush(stdout);
+  }
+  GenerateResult r = engine->generate(prompt, opt);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  if (!a.quiet) {
+    std::fprintf(stderr,
+                 "prompt tokens: %d | generated tokens: %zu (%s) | time to first token: %.1f ms\n"
+                 "prefill: %.1f tokens/s (%.1f ms) | decode: %.2f tokens/s (%.1f ms) | threads: %d | isa: %s\n",
+                 r.n_prompt(), r.output_ids.size(), r.finish_reason.c_str(), r.ttft_ms,
+                 r.prefill_tok_per_s(), r.prefill_ms, r.decode_tok_per_s(), r.decode_ms, num_threads(),
+                 isa_name(active_isa()));
+  }
+}
+}  // namespace
+
+void add_generate(CLI::App& app) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* c = app.add_subcommand("generate", "Generate a completion and stream it to stdout");
+  c->add_option("-m,--model", a->model,
+                "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). "
+                "Default: a generated offline demo model with random weights");
+  c->add_option("-p,--prompt", a->prompt, "Prompt text");
+  c->add_option("-f,--prompt-file", a->prompt_file, "Read the prompt from this file (exact bytes)");
+  c->add_option("-n,--max-tokens", a->max_tokens, "Maximum number of new tokens")->capture_default_str()->check(CLI::NonNegativeNumber);
+  c->add_option("-t,--temperature", a->temperature, "Sampling temperature; 0 = greedy (default: the model's generation_config.json, greedy if it does not sample)");
+  c->add_option("--top-k", a->top_k, "Keep the k most likely tokens (0 = off)");
+  c->add_option("--top-p", a->top_p, "Nucleus sampling: keep the smallest set with this much probability (1 = off)");
+  c->add_option("--min-p", a->min_p, "Drop tokens less likely than min-p times the most likely one (0 = off)");
+  c->add_option("--repetition-penalty", a->repetition_penalty, "Penalise tokens already in the prompt or output (1 = off)");
+  c->add_option("-s,--seed", a->seed, "Random seed (same seed, same output)")->capture_default_str();
+  c->add_option("--stop", a->stop, "Stop when this text is generated (repeatable); it is not printed");
+  c->add_flag("--no-special", a->no_special, "Do not add BOS/EOS special tokens to the prompt");
+  c->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-sequence tokens");
+  c->add_flag("--echo", a->echo, "Print the prompt before the completion");
+  c->add_option("--threads", a->threads, "Worker threads (default: all cores)");
+  c->add_flag("-q,--quiet", a->quiet, "No progress or statistics on stderr");
+  c->callback([a]() { run_generate(*a); });
+}
+
+}  // namespace kvboost::cli

@@ -1,0 +1,75 @@
+// kvboost logits: the oracle interface. Runs a token-id sequence through one batched forward
+// pass (logits at every position) and a greedy continuation over the KV cache (logits at each
+// step), and writes them as JSON so tools/oracle/compare_logits.py can check them against
+// Hugging Face transformers.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli_util.h"
+#include "kvboost/kernels.h"
+
+namespace kvboost::cli {
+
+namespace {
+struct LogitsArgs {
+  std::string model, ids, out;
+  int greedy = 0;
+};
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(s);
+  std::string tok;
+  while (ss >> tok) {
+    for (auto& ch : tok)
+      if (ch == ',') ch = ' ';
+    std::stringstream inner(tok);
+    long v;
+    while (inner >> v) ids.push_back(int32_t(v));
+  }
+  if (ids.empty()) fail("--ids: no token ids given");
+  return ids;
+}
+
+void run_logits(const LogitsArgs& a) {
+  auto model = Model::load(a.model);
+  const ModelConfig& c = model->config();
+  auto ids = parse_ids(a.ids);
+  const int64_t n = int64_t(ids.size());
+  KvCache kv(c, n + a.greedy);
+  std::vector<float> all(size_t(n * c.vocab_size));
+  model->forward(ids.data(), n, kv, all.data(), /*all_logits=*/true);
+  nlohmann::json j;
+  j["prompt_logits"] = nlohmann::json::array();
+  for (int64_t t = 0; t < n; ++t)
+    j["prompt_logits"].push_back(std::vector<float>(all.begin() + t * c.vocab_size, all.begin() + (t + 1) * c.vocab_size));
+  std::vector<float> last(all.end() - c.vocab_size, all.end());
+  j["greedy_ids"] = nlohmann::json::array();
+  j["greedy_logits"] = nlohmann::json::array();
+  for (int i = 0; i < a.greedy; ++i) {
+    const int32_t tok = int32_t(kernels::argmax(last.data(), c.vocab_size));
+    j["greedy_ids"].push_back(tok);
+    if (i + 1 == a.greedy) break;
+    model->forward(&tok, 1, kv, last.data());
+    j["greedy_logits"].push_back(last);
+  }
+  std::ofstream out(a.out);
+  if (!out) fail(a.out, ": cannot create");
+  out << j.dump();
+}
+}  // namespace
+
+void add_logits(CLI::App& app) {
+  auto a = std::make_shared<LogitsArgs>();
+  CLI::App* c = app.add_subcommand("logits", "Write prompt and greedy-continuation logits as JSON (for oracle comparisons)");
+  c->add_option("-m,--model", a->model, "Hugging Face model directory")->required();
+  c->add_option("--ids", a->ids, "Prompt token ids, separated by spaces or commas")->required();
+  c->add_option("--greedy", a->greedy, "Greedy continuation length")->check(CLI::NonNegativeNumber);
+  c->add_option("-o,--out", a->out, "Output JSON file")->required();
+  c->callback([a]() { run_logits(*a); });
+}
+
+}  // namespace kvboost::cli

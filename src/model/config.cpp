@@ -1,0 +1,188 @@
+// config.json / generation_config.json -> ModelConfig, with Hugging Face's defaults per
+// model_type and errors that name the file, field and value.
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "kvboost/model.h"
+
+namespace kvboost {
+
+using nlohmann::json;
+
+const std::vector<std::string>& supported_model_types() {
+  static const std::vector<std::string> types = {"llama", "mistral", "qwen2", "qwen3"};
+  return types;
+}
+
+namespace {
+
+json parse(const std::string& text, const std::string& source) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    fail(source, ": malformed JSON: ", e.what());
+  }
+}
+
+int64_t get_int(const json& j, const char* key, const std::string& source,
+                std::optional<int64_t> def = std::nullopt, int64_t min_value = 1) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (def) return *def;
+    fail(source, ": missing field \"", key, "\"");
+  }
+  if (!it->is_number_integer()) fail(source, ": field \"", key, "\" must be an integer, got ", it->dump());
+  int64_t v = it->get<int64_t>();
+  if (v < min_value) fail(source, ": field \"", key, "\" = ", v, " is out of range (minimum ", min_value, ")");
+  return v;
+}
+
+double get_num(const json& j, const char* key, const std::string& source, double def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  if (!it->is_number()) fail(source, ": field \"", key, "\" must be a number, got ", it->dump());
+  return it->get<double>();
+}
+
+bool get_bool(const json& j, const char* key, const std::string& source, bool def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  if (!it->is_boolean()) fail(source, ": field \"", key, "\" must be true or false, got ", it->dump());
+  return it->get<bool>();
+}
+
+std::vector<int32_t> get_ids(const json& j, const char* key, const std::string& source) {
+  std::vector<int32_t> out;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return out;
+  if (it->is_number_integer()) {
+    out.push_back(it->get<int32_t>());
+  } else if (it->is_array()) {
+    for (const auto& e : *it) {
+      if (!e.is_number_integer()) fail(source, ": field \"", key, "\" must hold integers, got ", e.dump());
+      out.push_back(e.get<int32_t>());
+    }
+  } else {
+    fail(source, ": field \"", key, "\" must be an integer or a list, got ", it->dump());
+  }
+  return out;
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const std::string& config_json,
+                                   const std::string& generation_config_json,
+                                   const std::string& source) {
+  json j = parse(config_json, source);
+  if (!j.is_object()) fail(source, ": expected a JSON object");
+  ModelConfig c;
+  auto mt = j.find("model_type");
+  if (mt == j.end() || !mt->is_string()) fail(source, ": missing field \"model_type\"");
+  c.model_type = mt->get<std::string>();
+  const auto& types = supported_model_types();
+  if (std::find(types.begin(), types.end(), c.model_type) == types.end()) {
+    std::string list;
+    for (const auto& t : types) list += (list.empty() ? "" : ", ") + t;
+    fail(source, ": unsupported model_type \"", c.model_type, "\" (supported: ", list, ")");
+  }
+  c.hidden_size = get_int(j, "hidden_size", source);
+  c.intermediate_size = get_int(j, "intermediate_size", source);
+  c.n_layers = get_int(j, "num_hidden_layers", source);
+  c.n_heads = get_int(j, "num_attention_heads", source);
+  c.n_kv_heads = get_int(j, "num_key_value_heads", source, c.n_heads);
+  if (c.n_heads % c.n_kv_heads != 0)
+    fail(source, ": num_attention_heads = ", c.n_heads, " is not a multiple of num_key_value_heads = ", c.n_kv_heads);
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    c.head_dim = get_int(j, "head_dim", source);
+  } else {
+    if (c.hidden_size % c.n_heads != 0)
+      fail(source, ": hidden_size = ", c.hidden_size, " is not divisible by num_attention_heads = ", c.n_heads);
+    c.head_dim = c.hidden_size / c.n_heads;
+  }
+  if (c.head_dim % 2 != 0) fail(source, ": head_dim = ", c.head_dim, " must be even for RoPE");
+  c.vocab_size = get_int(j, "vocab_size", source);
+  c.max_position_embeddings = get_int(j, "max_position_embeddings", source, 2048);
+  c.rms_norm_eps = get_num(j, "rms_norm_eps", source, 1e-6);
+  c.rope_theta = get_num(j, "rope_theta", source, 10000.0);
+  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", source, false);
+  c.attention_bias = c.model_type == "qwen2" ? true : get_bool(j, "attention_bias", source, false);
+  c.qk_norm = c.model_type == "qwen3";
+  if (get_bool(j, "mlp_bias", source, false)) fail(source, ": mlp_bias = true is not supported");
+  auto act = j.value("hidden_act", std::string("silu"));
+  if (act != "silu") fail(source, ": hidden_act \"", act, "\" is not supported (only silu)");
+
+  auto rs = j.find("rope_scaling");
+  if (rs != j.end() && !rs->is_null()) {
+    if (!rs->is_object()) fail(source, ": rope_scaling must be an object or null");
+    std::string type = rs->value("rope_type", rs->value("type", std::string("default")));
+    c.rope_scaling.type = type;
+    c.rope_scaling.factor = get_num(*rs, "factor", source + " rope_scaling", 1.0);
+    if (type == "llama3") {
+      c.rope_scaling.low_freq_factor = get_num(*rs, "low_freq_factor", source, 1.0);
+      c.rope_scaling.high_freq_factor = get_num(*rs, "high_freq_factor", source, 4.0);
+      c.rope_scaling.original_max_position_embeddings =
+          get_int(*rs, "original_max_position_embeddings", source + " rope_scaling", 8192);
+      if (!(c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor))
+        fail(source, ": rope_scaling high_freq_factor must exceed low_freq_factor");
+    } else if (type != "default" && type != "linear") {
+      fail(source, ": rope_scaling type \"", type, "\" is not supported (supported: default, linear, llama3)");
+    }
+    if (!(c.rope_scaling.factor > 0)) fail(source, ": rope_scaling factor must be positive");
+  }
+
+  // Sliding-window attention, per layer, as Hugging Face decides it.
+  c.layer_window.assign(size_t(c.n_layers), 0);
+  int64_t window = 0;
+  auto sw = j.find("sliding_window");
+  if (sw != j.end() && sw->is_number_integer()) window = sw->get<int64_t>();
+  if (auto lt = j.find("layer_types"); lt != j.end() && lt->is_array()) {
+    if (int64_t(lt->size()) != c.n_layers)
+      fail(source, ": layer_types has ", lt->size(), " entries for ", c.n_layers, " layers");
+    for (int64_t i = 0; i < c.n_layers; ++i)
+      if ((*lt)[size_t(i)] == "sliding_attention") c.layer_window[size_t(i)] = window;
+  } else if (c.model_type == "mistral") {
+    for (auto& w : c.layer_window) w = window;
+  } else if (c.model_type == "qwen2" || c.model_type == "qwen3") {
+    if (get_bool(j, "use_sliding_window", source, false) && window > 0) {
+      int64_t from = get_int(j, "max_window_layers", source, c.n_layers, 0);
+      for (int64_t i = from; i < c.n_layers; ++i) c.layer_window[size_t(i)] = window;
+    }
+  }
+
+  if (auto b = get_ids(j, "bos_token_id", source); !b.empty()) c.bos_token_id = b[0];
+  c.eos_token_ids = get_ids(j, "eos_token_id", source);
+
+  if (!generation_config_json.empty()) {
+    const std::string gsrc = "generation_config.json";
+    json g = parse(generation_config_json, gsrc);
+    if (g.is_object()) {
+      auto eos = get_ids(g, "eos_token_id", gsrc);
+      if (!eos.empty()) c.eos_token_ids = eos;
+      if (auto b = get_ids(g, "bos_token_id", gsrc); !b.empty()) c.bos_token_id = b[0];
+      c.generation.do_sample = get_bool(g, "do_sample", gsrc, false);
+      c.generation.temperature = float(get_num(g, "temperature", gsrc, 1.0));
+      c.generation.top_p = float(get_num(g, "top_p", gsrc, 1.0));
+      c.generation.top_k = int(get_num(g, "top_k", gsrc, 0));
+      c.generation.repetition_penalty = float(get_num(g, "repetition_penalty", gsrc, 1.0));
+    }
+  }
+  return c;
+}
+
+ModelConfig ModelConfig::from_dir(const std::string& dir) {
+  const std::string cfg_path = path_join(dir, "config.json");
+  if (!file_exists(cfg_path)) fail(cfg_path, ": missing (is ", dir, " a Hugging Face model directory?)");
+  std::string gen;
+  const std::string gen_path = path_join(dir, "generation_config.json");
+  if (file_exists(gen_path)) gen = read_file(gen_path);
+  try {
+    return from_json(read_file(cfg_path), gen, cfg_path);
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    // generation_config errors name the bare file; give its full path
+    if (msg.rfind("generation_config.json", 0) == 0) throw Error(gen_path + msg.substr(22));
+    throw;
+  }
+}
+
+}  // namespace kvboost

@@ -1,0 +1,249 @@
+// Random-weight model directories in Hugging Face layout, for tests, benchmarks and the
+// offline demo. Weights are drawn from a seeded generator, so a spec always yields the same
+// bytes; tensors are generated and written one at a time (a 1B-parameter fixture needs no
+// more memory than its largest tensor).
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kvboost/model.h"
+#include "kvboost/tokenizer.h"
+
+namespace kvboost {
+// Provided by the tokenizer module (fixture_tokenizer.cpp).
+std::string make_fixture_tokenizer_json(const std::string& kind, int vocab_size, uint64_t seed);
+std::string make_fixture_tokenizer_config_json(const std::string& kind);
+}  // namespace kvboost
+
+namespace kvboost {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+namespace {
+
+struct Rng {
+  uint64_t s;
+  uint64_t next() {  // splitmix64
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return double((next() >> 11) + 1) * (1.0 / 9007199254740993.0); }
+  void normal2(float* out) {  // Box-Muller
+    const double r = std::sqrt(-2.0 * std::log(uniform())), a = 2 * M_PI * uniform();
+    out[0] = float(r * std::cos(a));
+    out[1] = float(r * std::sin(a));
+  }
+};
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  float mean, std;
+  bool is_vector;  // norms/biases: always written as the model dtype too (as HF checkpoints do)
+};
+
+int64_t numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+void write_file(const std::string& path, const std::vector<TensorSpec>& ts, const std::string& dtype,
+                uint64_t seed) {
+  const std::string st_dtype = dtype == "f32" ? "F32" : dtype == "f16" ? "F16" : "BF16";
+  const int64_t es = dtype == "f32" ? 4 : 2;
+  ordered_json header;
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t off = 0;
+  for (const auto& t : ts) {
+    const uint64_t nb = uint64_t(numel(t.shape) * es);
+    header[t.name] = {{"dtype", st_dtype}, {"shape", t.shape}, {"data_offsets", {off, off + nb}}};
+    off += nb;
+  }
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8) h.push_back(' ');  // keep the data 8-byte aligned
+  std::ofstream out(path, std::ios::binary);
+  if (!out) fail(path, ": cannot create");
+  uint64_t hl = h.size();
+  char lenbuf[8];
+  for (int i = 0; i < 8; ++i) lenbuf[i] = char((hl >> (8 * i)) & 0xff);
+  out.write(lenbuf, 8);
+  out.write(h.data(), std::streamsize(h.size()));
+  for (const auto& t : ts) {
+    // Each tensor has its own stream so sharding does not change the values.
+    Rng rng{seed ^ std::hash<std::string>{}(t.name)};
+    const int64_t n = numel(t.shape);
+    std::vector<char> buf(size_t(n * es));
+    for (int64_t i = 0; i < n; i += 2) {
+      float z[2];
+      rng.normal2(z);
+      for (int j = 0; j < 2 && i + j < n; ++j) {
+        const float v = t.mean + t.std * z[j];
+        if (es == 4) std::memcpy(&buf[size_t((i + j) * 4)], &v, 4);
+        else {
+          const uint16_t hv = dtype == "f16" ? f32_to_f16(v) : f32_to_bf16(v);
+          std::memcpy(&buf[size_t((i + j) * 2)], &hv, 2);
+        }
+      }
+    }
+    out.write(buf.data(), std::streamsize(buf.size()));
+  }
+  if (!out) fail(path, ": write failed");
+}
+
+}  // namespace
+
+FixtureSpec fixture_preset(const std::string& name) {
+  FixtureSpec s;
+  if (name == "tiny") {
+    s.init_std = 0.08f;
+    return s;
+  }
+  if (name == "qwen2.5-0.5b") {
+    s.arch = "qwen2";
+    s.dtype = "bf16";
+    s.hidden = 896, s.intermediate = 4864, s.layers = 24, s.heads = 14, s.kv_heads = 2;
+    s.vocab = 151936, s.max_pos = 32768, s.tie = true, s.rope_theta = 1000000.0;
+    return s;
+  }
+  if (name == "llama3.2-1b") {
+    s.arch = "llama";
+    s.dtype = "bf16";
+    s.hidden = 2048, s.intermediate = 8192, s.layers = 16, s.heads = 32, s.kv_heads = 8, s.head_dim = 64;
+    s.vocab = 128256, s.max_pos = 131072, s.tie = true, s.rope_theta = 500000.0;
+    s.rope_scaling = "llama3";
+    return s;
+  }
+  fail("unknown fixture preset \"", name, "\" (known: tiny, qwen2.5-0.5b, llama3.2-1b)");
+}
+
+void write_fixture_model(const std::string& dir, const FixtureSpec& s) {
+  namespace fs = std::filesystem;
+  if (s.arch != "llama" && s.arch != "mistral" && s.arch != "qwen2" && s.arch != "qwen3")
+    fail("fixture: unknown arch \"", s.arch, "\"");
+  if (s.dtype != "f32" && s.dtype != "f16" && s.dtype != "bf16") fail("fixture: unknown dtype \"", s.dtype, "\"");
+  if (s.heads % s.kv_heads) fail("fixture: heads must be a multiple of kv_heads");
+  fs::create_directories(dir);
+
+  // Tokenizer first: its size decides the vocabulary when none is given.
+  int64_t vocab = s.vocab;
+  std::optional<int32_t> bos, eos;
+  if (!s.tokenizer_dir.empty()) {
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+      const std::string src = path_join(s.tokenizer_dir, f);
+      if (file_exists(src)) fs::copy_file(src, path_join(dir, f), fs::copy_options::overwrite_existing);
+    }
+  } else if (!s.tokenizer_kind.empty()) {
+    const int64_t tv = std::min<int64_t>(vocab > 0 ? vocab : 512, 4096);
+    std::ofstream(path_join(dir, "tokenizer.json")) << make_fixture_tokenizer_json(s.tokenizer_kind, int(tv), s.seed);
+    std::ofstream(path_join(dir, "tokenizer_config.json")) << make_fixture_tokenizer_config_json(s.tokenizer_kind);
+  }
+  if (file_exists(path_join(dir, "tokenizer.json"))) {
+    Tokenizer tok = Tokenizer::from_dir(dir);
+    if (vocab == 0) vocab = tok.vocab_size();
+    if (vocab < tok.vocab_size()) fail("fixture: vocab ", vocab, " is smaller than the tokenizer's ", tok.vocab_size());
+    bos = tok.bos_id();
+    eos = tok.eos_id();
+  }
+  if (vocab == 0) vocab = 512;
+
+  const int64_t hd = s.head_dim > 0 ? s.head_dim : s.hidden / s.heads;
+  ordered_json cfg;
+  const char* cls = s.arch == "llama" ? "LlamaForCausalLM" : s.arch == "mistral" ? "MistralForCausalLM"
+                  : s.arch == "qwen2" ? "Qwen2ForCausalLM" : "Qwen3ForCausalLM";
+  cfg["architectures"] = {cls};
+  cfg["model_type"] = s.arch;
+  cfg["hidden_size"] = s.hidden;
+  cfg["intermediate_size"] = s.intermediate;
+  cfg["num_hidden_layers"] = s.layers;
+  cfg["num_attention_heads"] = s.heads;
+  cfg["num_key_value_heads"] = s.kv_heads;
+  if (s.head_dim > 0 || s.arch == "qwen3") cfg["head_dim"] = hd;
+  cfg["vocab_size"] = vocab;
+  cfg["max_position_embeddings"] = s.max_pos;
+  cfg["rms_norm_eps"] = 1e-6;
+  cfg["rope_theta"] = s.rope_theta;
+  cfg["hidden_act"] = "silu";
+  cfg["tie_word_embeddings"] = s.tie;
+  cfg["torch_dtype"] = s.dtype == "f32" ? "float32" : s.dtype == "f16" ? "float16" : "bfloat16";
+  cfg["attention_bias"] = false;
+  if (bos) cfg["bos_token_id"] = *bos;
+  if (eos) cfg["eos_token_id"] = *eos;
+  if (s.rope_scaling == "llama3") {
+    cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+    // A small original context so the scaled bands matter even for short test prompts.
+    if (s.max_pos > 64 * 32 && s.hidden >= 512) cfg["rope_scaling"]["original_max_position_embeddings"] = 8192;
+  } else if (!s.rope_scaling.empty()) {
+    fail("fixture: unknown rope scaling \"", s.rope_scaling, "\"");
+  }
+  if (s.arch == "mistral") cfg["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json(nullptr);
+  if (s.arch == "qwen2" || s.arch == "qwen3") {
+    cfg["use_sliding_window"] = s.sliding_window > 0;
+    cfg["sliding_window"] = s.sliding_window > 0 ? s.sliding_window : 4096;
+    cfg["max_window_layers"] = s.sliding_window > 0 ? 0 : s.layers;
+  } else if (s.sliding_window > 0 && s.arch != "mistral") {
+    fail("fixture: sliding_window needs arch mistral, qwen2 or qwen3");
+  }
+  std::ofstream(path_join(dir, "config.json")) << cfg.dump(2) << "\n";
+  ordered_json gen;
+  if (bos) gen["bos_token_id"] = *bos;
+  if (eos) gen["eos_token_id"] = *eos;
+  gen["do_sample"] = false;
+  std::ofstream(path_join(dir, "generation_config.json")) << gen.dump(2) << "\n";
+
+  const float sd = s.init_std;
+  std::vector<TensorSpec> ts;
+  ts.push_back({"model.embed_tokens.weight", {vocab, s.hidden}, 0, sd, false});
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    ts.push_back({p + "input_layernorm.weight", {s.hidden}, 1, 0.1f, true});
+    ts.push_back({p + "self_attn.q_proj.weight", {s.heads * hd, s.hidden}, 0, sd, false});
+    ts.push_back({p + "self_attn.k_proj.weight", {s.kv_heads * hd, s.hidden}, 0, sd, false});
+    ts.push_back({p + "self_attn.v_proj.weight", {s.kv_heads * hd, s.hidden}, 0, sd, false});
+    ts.push_back({p + "self_attn.o_proj.weight", {s.hidden, s.heads * hd}, 0, sd, false});
+    if (s.arch == "qwen2") {
+      ts.push_back({p + "self_attn.q_proj.bias", {s.heads * hd}, 0, 0.5f, true});
+      ts.push_back({p + "self_attn.k_proj.bias", {s.kv_heads * hd}, 0, 0.5f, true});
+      ts.push_back({p + "self_attn.v_proj.bias", {s.kv_heads * hd}, 0, 0.5f, true});
+    }
+    if (s.arch == "qwen3") {
+      ts.push_back({p + "self_attn.q_norm.weight", {hd}, 1, 0.2f, true});
+      ts.push_back({p + "self_attn.k_norm.weight", {hd}, 1, 0.2f, true});
+    }
+    ts.push_back({p + "post_attention_layernorm.weight", {s.hidden}, 1, 0.1f, true});
+    ts.push_back({p + "mlp.gate_proj.weight", {s.intermediate, s.hidden}, 0, sd, false});
+    ts.push_back({p + "mlp.up_proj.weight", {s.intermediate, s.hidden}, 0, sd, false});
+    ts.push_back({p + "mlp.down_proj.weight", {s.hidden, s.intermediate}, 0, sd, false});
+  }
+  ts.push_back({"model.norm.weight", {s.hidden}, 1, 0.1f, true});
+  if (!s.tie) ts.push_back({"lm_head.weight", {vocab, s.hidden}, 0, sd, false});
+
+  fs::remove(path_join(dir, "model.safetensors"));
+  fs::remove(path_join(dir, "model.safetensors.index.json"));
+  if (s.shards <= 1) {
+    write_file(path_join(dir, "model.safetensors"), ts, s.dtype, s.seed);
+    return;
+  }
+  ordered_json index;
+  int64_t total = 0;
+  const int64_t es = s.dtype == "f32" ? 4 : 2;
+  for (const auto& t : ts) total += numel(t.shape) * es;
+  index["metadata"] = {{"total_size", total}};
+  const size_t per = (ts.size() + size_t(s.shards) - 1) / size_t(s.shards);
+  for (int sh = 0; sh < s.shards; ++sh) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", sh + 1, s.shards);
+    std::vector<TensorSpec> part(ts.begin() + std::min(ts.size(), sh * per),
+                                 ts.begin() + std::min(ts.size(), (sh + 1) * per));
+    write_file(path_join(dir, name), part, s.dtype, s.seed);
+    for (const auto& t : part) index["weight_map"][t.name] = name;
+  }
+  std::ofstream(path_join(dir, "model.safetensors.index.json")) << index.dump(2) << "\n";
+}
+
+}  // namespace kvboost

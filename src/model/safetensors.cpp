@@ -1,0 +1,163 @@
+// safetensors reader: an 8-byte little-endian header length, a JSON header
+// {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}, then the data,
+// offsets relative to the end of the header. Every field is checked against the file size
+// before any tensor is used, so a truncated or corrupt file is an Error, never a crash.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "kvboost/model.h"
+
+namespace kvboost {
+
+using nlohmann::json;
+
+namespace {
+
+int64_t dtype_size(const std::string& dt) {
+  if (dt == "F64" || dt == "I64" || dt == "U64") return 8;
+  if (dt == "F32" || dt == "I32" || dt == "U32") return 4;
+  if (dt == "F16" || dt == "BF16" || dt == "I16" || dt == "U16") return 2;
+  if (dt == "I8" || dt == "U8" || dt == "BOOL" || dt == "F8_E4M3" || dt == "F8_E5M2") return 1;
+  return 0;
+}
+
+}  // namespace
+
+void WeightFiles::add_file(const std::string& path, const std::vector<std::string>* only) {
+  auto mf = std::make_shared<MappedFile>(path);
+  const size_t size = mf->size();
+  if (size < 8) fail(path, ": truncated safetensors file (", size, " bytes, no header)");
+  uint64_t hlen = 0;
+  for (int i = 0; i < 8; ++i) hlen |= uint64_t(mf->data()[i]) << (8 * i);
+  if (hlen > size - 8) fail(path, ": corrupt safetensors header: header length ", hlen, " exceeds file size ", size);
+  json header;
+  try {
+    header = json::parse(reinterpret_cast<const char*>(mf->data()) + 8,
+                         reinterpret_cast<const char*>(mf->data()) + 8 + hlen);
+  } catch (const json::parse_error& e) {
+    fail(path, ": corrupt safetensors header: ", e.what());
+  }
+  if (!header.is_object()) fail(path, ": corrupt safetensors header: not a JSON object");
+  const uint8_t* base = mf->data() + 8 + hlen;
+  const uint64_t data_size = size - 8 - hlen;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    if (only && std::find(only->begin(), only->end(), it.key()) == only->end()) continue;
+    const std::string where = path + ": tensor \"" + it.key() + "\"";
+    const json& t = it.value();
+    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets"))
+      fail(where, ": entry must have dtype, shape and data_offsets");
+    if (!t["dtype"].is_string()) fail(where, ": dtype must be a string");
+    TensorInfo ti;
+    ti.name = it.key();
+    ti.file = path;
+    ti.dtype = t["dtype"].get<std::string>();
+    const int64_t esize = dtype_size(ti.dtype);
+    if (esize == 0) fail(where, ": unknown dtype \"", ti.dtype, "\"");
+    if (!t["shape"].is_array()) fail(where, ": shape must be a list");
+    uint64_t n = 1;
+    for (const auto& d : t["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(where, ": bad shape entry ", d.dump());
+      ti.shape.push_back(d.get<int64_t>());
+      n *= uint64_t(d.get<int64_t>());
+      if (n > (uint64_t(1) << 40)) fail(where, ": shape too large");
+    }
+    const json& off = t["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      fail(where, ": data_offsets must be two non-negative integers");
+    const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
+    if (b > e || e > data_size)
+      fail(where, ": data_offsets [", b, ", ", e, "] outside the data section of ", data_size,
+           " bytes (truncated file?)");
+    if (e - b != n * uint64_t(esize))
+      fail(where, ": data_offsets span ", e - b, " bytes but shape and dtype need ", n * uint64_t(esize));
+    ti.nbytes = size_t(e - b);
+    ti.data = base + b;
+    if (reinterpret_cast<uintptr_t>(ti.data) % uintptr_t(esize) != 0) {
+      // Kernels may assume natural alignment: keep an aligned copy of this tensor.
+      auto buf = std::make_shared<std::vector<uint8_t>>(ti.data == nullptr ? 0 : ti.nbytes + 64);
+      uint8_t* p = buf->data();
+      while (reinterpret_cast<uintptr_t>(p) % 64) ++p;
+      std::memcpy(p, ti.data, ti.nbytes);
+      ti.data = p;
+      owned_.push_back(buf);
+    }
+    if (tensors_.count(ti.name)) fail(where, ": tensor appears twice (also in ", tensors_[ti.name].file, ")");
+    tensors_[ti.name] = std::move(ti);
+  }
+  files_.push_back(std::move(mf));
+}
+
+WeightFiles WeightFiles::open_file(const std::string& path) {
+  WeightFiles w;
+  w.add_file(path, nullptr);
+  return w;
+}
+
+WeightFiles WeightFiles::open_dir(const std::string& dir) {
+  WeightFiles w;
+  const std::string single = path_join(dir, "model.safetensors");
+  const std::string index = path_join(dir, "model.safetensors.index.json");
+  if (file_exists(single)) {
+    w.add_file(single, nullptr);
+    return w;
+  }
+  if (!file_exists(index))
+    fail(dir, ": no model.safetensors or model.safetensors.index.json (only safetensors weights are supported)");
+  json j;
+  try {
+    j = json::parse(read_file(index));
+  } catch (const json::parse_error& e) {
+    fail(index, ": malformed JSON: ", e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    fail(index, ": missing object \"weight_map\"");
+  std::map<std::string, std::vector<std::string>> by_file;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it.value().is_string()) fail(index, ": weight_map[\"", it.key(), "\"] must be a file name");
+    std::string f = it.value().get<std::string>();
+    if (f.find('/') != std::string::npos || f == "..") fail(index, ": weight_map names a file outside the directory: ", f);
+    by_file[f].push_back(it.key());
+  }
+  for (const auto& [f, names] : by_file) {
+    const std::string p = path_join(dir, f);
+    if (!file_exists(p)) fail(p, ": shard listed in model.safetensors.index.json is missing");
+    w.add_file(p, &names);
+    for (const auto& n : names)
+      if (!w.tensors_.count(n)) fail(p, ": tensor \"", n, "\" listed in the index is not in this shard");
+  }
+  return w;
+}
+
+const TensorInfo* WeightFiles::find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+size_t WeightFiles::total_bytes() const {
+  size_t n = 0;
+  for (const auto& f : files_) n += f->size();
+  return n;
+}
+
+void WeightFiles::prefault(const std::function<void(size_t, size_t)>& progress) const {
+  const size_t total = total_bytes();
+  size_t done = 0;
+  const size_t step = size_t(64) << 20;
+  volatile uint8_t sink = 0;
+  for (const auto& f : files_) {
+    ::madvise(const_cast<uint8_t*>(f->data()), f->size(), MADV_WILLNEED);
+    for (size_t off = 0; off < f->size(); off += step) {
+      const size_t end = std::min(f->size(), off + step);
+      for (size_t p = off; p < end; p += 4096) sink = sink + f->data()[p];
+      done += end - off;
+      if (progress) progress(done, total);
+    }
+  }
+  (void)sink;
+}
+
+}  // namespace kvboost

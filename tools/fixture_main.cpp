@@ -1,0 +1,67 @@
+// kvboost-fixture: writes a random-weight Hugging Face model directory of any supported
+// architecture and shape, e.g.
+//   kvboost-fixture --preset qwen2.5-0.5b --tokenizer ../shared/tokenizers/qwen2.5 --out /tmp/q05
+//   kvboost-fixture --arch qwen3 --dtype bf16 --out /tmp/q3
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "kvboost/model.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Write a random-weight model directory (config.json, generation_config.json, "
+               "safetensors weights, tokenizer) for tests and benchmarks"};
+  std::string preset = "tiny", out, tokenizer_dir, tokenizer_kind = "bytelevel";
+  std::optional<std::string> arch, dtype, rope_scaling;
+  std::optional<int64_t> hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, window, max_pos;
+  std::optional<uint64_t> seed;
+  std::optional<int> shards;
+  bool tie = false, no_tie = false;
+  app.add_option("--preset", preset, "Base shape: tiny | qwen2.5-0.5b | llama3.2-1b")->capture_default_str();
+  app.add_option("--out", out, "Output directory")->required();
+  app.add_option("--arch", arch, "llama | mistral | qwen2 | qwen3");
+  app.add_option("--dtype", dtype, "f32 | f16 | bf16");
+  app.add_option("--hidden", hidden);
+  app.add_option("--intermediate", intermediate);
+  app.add_option("--layers", layers);
+  app.add_option("--heads", heads);
+  app.add_option("--kv-heads", kv_heads);
+  app.add_option("--head-dim", head_dim, "Explicit head_dim (written to config.json)");
+  app.add_option("--vocab", vocab, "Vocabulary size (default: the tokenizer's)");
+  app.add_option("--max-pos", max_pos, "max_position_embeddings");
+  app.add_flag("--tie", tie, "Tie lm_head to the embeddings");
+  app.add_flag("--no-tie", no_tie, "Separate lm_head.weight");
+  app.add_option("--rope-scaling", rope_scaling, "llama3");
+  app.add_option("--sliding-window", window, "Sliding-window size (mistral, qwen2, qwen3)");
+  app.add_option("--shards", shards, "Split weights into this many safetensors shards");
+  app.add_option("--seed", seed);
+  app.add_option("--tokenizer", tokenizer_dir, "Copy tokenizer files from this directory");
+  app.add_option("--tokenizer-kind", tokenizer_kind, "Generated tokenizer: bytelevel | sentencepiece | none")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    kvboost::FixtureSpec s = kvboost::fixture_preset(preset);
+    if (arch) s.arch = *arch;
+    if (dtype) s.dtype = *dtype;
+    if (hidden) s.hidden = *hidden;
+    if (intermediate) s.intermediate = *intermediate;
+    if (layers) s.layers = *layers;
+    if (heads) s.heads = *heads;
+    if (kv_heads) s.kv_heads = *kv_heads;
+    if (head_dim) s.head_dim = *head_dim;
+    if (vocab) s.vocab = *vocab;
+    if (max_pos) s.max_pos = *max_pos;
+    if (tie) s.tie = true;
+    if (no_tie) s.tie = false;
+    if (rope_scaling) s.rope_scaling = *rope_scaling;
+    if (window) s.sliding_window = *window;
+    if (shards) s.shards = *shards;
+    if (seed) s.seed = *seed;
+    s.tokenizer_dir = tokenizer_dir;
+    s.tokenizer_kind = tokenizer_kind == "none" ? "" : tokenizer_kind;
+    kvboost::write_fixture_model(out, s);
+    std::printf("wrote %s (%s, %s)\n", out.c_str(), s.arch.c_str(), s.dtype.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvboost-fixture: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
