@@ -1,0 +1,95 @@
+// The engine end to end on stories260K: tokenizer + prefill + decode + detokenize + stream.
+#include <nlohmann/json.hpp>
+
+#include "kvboost/runtime.h"
+#include "test_util.h"
+
+using namespace kvboost;
+
+namespace {
+std::string stories() { return test::shared_path("models/stories260K"); }
+}  // namespace
+
+TEST(Engine, Stories260KStoryStreamsExactly) {
+  KVBOOST_REQUIRE_PATH(stories());
+  auto e = Engine::load(stories());
+  auto ref = nlohmann::json::parse(read_file(stories() + "/reference_greedy.json"));
+  for (const auto& cs : ref["cases"]) {
+    GenerateOptions opt;
+    opt.max_new_tokens = int(cs["greedy_ids"].size());
+    std::string streamed;
+    opt.on_text = [&](std::string_view s) {
+      streamed += s;
+      return true;
+    };
+    GenerateResult r = e->generate(cs["prompt"].get<std::string>(), opt);
+    EXPECT_EQ(r.prompt_ids, cs["prompt_ids"].get<std::vector<int32_t>>());
+    auto want = cs["greedy_ids"].get<std::vector<int32_t>>();
+    std::vector<int32_t> got(r.output_ids.begin(), r.output_ids.begin() + std::min(r.output_ids.size(), want.size()));
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(streamed, r.text);
+    EXPECT_EQ(r.text, e->tokenizer().decode(want, true).substr(0, r.text.size()));
+    EXPECT_GT(r.ttft_ms, 0);
+  }
+  GenerateOptions opt;
+  opt.max_new_tokens = 20;
+  GenerateResult r = e->generate("Once upon a time", opt);
+  EXPECT_EQ(r.text.rfind(", there was a little girl named Lily.", 0), 0u) << r.text;
+  EXPECT_EQ(r.finish_reason, "length");
+}
+
+TEST(Engine, StopStringsEosAndLimits) {
+  KVBOOST_REQUIRE_PATH(stories());
+  auto e = Engine::load(stories());
+  GenerateOptions opt;
+  opt.max_new_tokens = 100;
+  opt.stop = {"Lily."};
+  GenerateResult r = e->generate("Once upon a time", opt);
+  EXPECT_EQ(r.text, ", there was a little girl named ");
+  EXPECT_EQ(r.finish_reason, "stop");
+  // a short story ends with BOS (eos_token_id [1, 2])
+  opt.stop.clear();
+  opt.max_new_tokens = 250;
+  r = e->generate("The little dog was sad because", opt);
+  EXPECT_EQ(r.finish_reason, "stop");
+  EXPECT_EQ(r.output_ids.back(), 1);
+  // cancel from the callback
+  int calls = 0;
+  opt.on_text = [&](std::string_view) { return ++calls < 3; };
+  r = e->generate("Once upon a time", opt);
+  EXPECT_EQ(r.finish_reason, "cancelled");
+  EXPECT_EQ(calls, 3);
+  // a prompt longer than the context is an error, not a crash
+  opt.on_text = nullptr;
+  std::vector<int32_t> longp(600, 300);
+  try {
+    e->generate_ids(longp, opt);
+    FAIL();
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("600 tokens"), std::string::npos) << err.what();
+  }
+  // generation stops at the context end
+  std::vector<int32_t> nearly(510, 300);
+  opt.max_new_tokens = 50;
+  opt.ignore_eos = true;
+  r = e->generate_ids(nearly, opt);
+  EXPECT_EQ(r.output_ids.size(), 2u);
+  EXPECT_EQ(r.finish_reason, "length");
+  EXPECT_THROW(e->generate_ids({}, opt), Error);
+}
+
+TEST(Engine, SeededSamplingIsReproducible) {
+  KVBOOST_REQUIRE_PATH(stories());
+  auto e = Engine::load(stories());
+  GenerateOptions opt;
+  opt.max_new_tokens = 40;
+  opt.sampling.temperature = 1.0f;
+  opt.sampling.top_p = 0.9f;
+  opt.sampling.seed = 42;
+  auto a = e->generate("Once upon a time", opt);
+  auto b = e->generate("Once upon a time", opt);
+  EXPECT_EQ(a.output_ids, b.output_ids);
+  opt.sampling.seed = 43;
+  auto c = e->generate("Once upon a time", opt);
+  EXPECT_NE(a.output_ids, c.output_ids);
+}
