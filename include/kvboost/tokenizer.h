@@ -63,4 +63,15 @@ class StreamDecoder {
   size_t read_offset_ = 0;
 };
 
+// Fixture tokenizers for generated test models (no downloads needed). `kind`:
+//  "bytelevel"     GPT-2/Qwen2-style byte-level BPE (Qwen2 split regex), 256 byte tokens + learned
+//                  merges, then <|endoftext|>, <|im_start|>, <|im_end|> as added special tokens;
+//  "sentencepiece" Llama-2 style: <unk>, <s>, </s>, <0x00>..<0xFF>, learned pieces, byte fallback,
+//                  Prepend/Replace normalizer, BOS added by the post-processor.
+// The BPE merges are learned from a small built-in English/code/Unicode text; the vocabulary
+// (added tokens included) has exactly `vocab_size` entries. Deterministic in `seed`.
+std::string make_fixture_tokenizer_json(const std::string& kind, int vocab_size, uint64_t seed = 0);
+// The tokenizer_config.json that goes with it (BOS/EOS names, add_bos_token, chat template).
+std::string make_fixture_tokenizer_config_json(const std::string& kind);
+
 }  // namespace kvboost

@@ -1,0 +1,66 @@
+// Post-processors, reduced to what they do to a single sequence's ids: special tokens before
+// and after it. TemplateProcessing, Bert/Roberta, ByteLevel (no-op), Sequence.
+#include "internal.h"
+
+namespace kvboost::tok {
+namespace {
+
+std::vector<int32_t> template_ids(const json& special_tokens, const std::string& name, const std::string& where) {
+  if (!special_tokens.contains(name))
+    fail(where, ".special_tokens: no entry for '", name, "' used in the template");
+  std::vector<int32_t> ids;
+  for (const json& id : special_tokens[name].at("ids")) ids.push_back(id.get<int32_t>());
+  return ids;
+}
+
+}  // namespace
+
+PostProcessor make_post_processor(const json& j, const std::string& where) {
+  PostProcessor pp;
+  if (j.is_null()) return pp;
+  if (!j.is_object() || !j.contains("type")) fail(where, ": expected an object with \"type\"");
+  const std::string type = j["type"].get<std::string>();
+  try {
+    if (type == "ByteLevel") return pp;
+    if (type == "TemplateProcessing") {
+      const json& single = j.at("single");
+      const json& specials = j.contains("special_tokens") ? j["special_tokens"] : json::object();
+      bool seen_a = false;
+      for (const json& item : single) {
+        if (item.contains("Sequence")) {
+          seen_a = true;
+        } else if (item.contains("SpecialToken")) {
+          auto ids = template_ids(specials, item["SpecialToken"].at("id").get<std::string>(), where);
+          auto& dst = seen_a ? pp.suffix : pp.prefix;
+          dst.insert(dst.end(), ids.begin(), ids.end());
+        } else {
+          fail(where, ".single: unexpected item ", item.dump());
+        }
+      }
+      if (!pp.prefix.empty()) pp.first_special = pp.prefix.front();
+      return pp;
+    }
+    if (type == "BertProcessing" || type == "RobertaProcessing") {
+      pp.prefix = {j.at("cls").at(1).get<int32_t>()};
+      pp.suffix = {j.at("sep").at(1).get<int32_t>()};
+      pp.first_special = pp.prefix.front();
+      return pp;
+    }
+    if (type == "Sequence") {
+      const json& items = j.at("processors");
+      for (size_t i = 0; i < items.size(); ++i) {
+        PostProcessor p = make_post_processor(items[i], where + ".processors[" + std::to_string(i) + "]");
+        // Each processor wraps the result of the previous one.
+        pp.prefix.insert(pp.prefix.begin(), p.prefix.begin(), p.prefix.end());
+        pp.suffix.insert(pp.suffix.end(), p.suffix.begin(), p.suffix.end());
+        if (!pp.first_special) pp.first_special = p.first_special;
+      }
+      return pp;
+    }
+  } catch (const json::exception& e) {
+    fail(where, " (", type, "): ", e.what());
+  }
+  fail(where, ": unsupported post_processor type '", type, "'");
+}
+
+}  // namespace kvboost::tok
