@@ -39,7 +39,7 @@ void run_logits(const LogitsArgs& a) {
   const ModelConfig& c = model->config();
   auto ids = parse_ids(a.ids);
   const int64_t n = int64_t(ids.size());
-  KvCache kv(c, n + a.greedy);
+  KvCache kv(c, n + a.greedy + 1);
   std::vector<float> all(size_t(n * c.vocab_size));
   model->forward(ids.data(), n, kv, all.data(), /*all_logits=*/true);
   nlohmann::json j;
@@ -52,7 +52,7 @@ void run_logits(const LogitsArgs& a) {
   for (int i = 0; i < a.greedy; ++i) {
     const int32_t tok = int32_t(kernels::argmax(last.data(), c.vocab_size));
     j["greedy_ids"].push_back(tok);
-    if (i + 1 == a.greedy) break;
+    // row i: the logits of the step that consumed greedy_ids[i]
     model->forward(&tok, 1, kv, last.data());
     j["greedy_logits"].push_back(last);
   }
