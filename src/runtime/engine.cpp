@@ -77,7 +77,8 @@ GenerateResult Engine::generate_ids(const std::vector<int32_t>& ids, const Gener
       r.finish_reason = "cancelled";
       break;
     }
-    if (i + 1 == opt.max_new_tokens || kv.size() >= kv.capacity()) break;
+    // prompt + output never exceed the context (max_position_embeddings)
+    if (i + 1 == opt.max_new_tokens || int64_t(history.size()) >= ctx) break;
     model_->forward(&tok, 1, kv, logits.data());
   }
   if (!stop.stopped() && !cancelled) {

@@ -61,7 +61,7 @@ TEST(LoaderErrors, TruncatedAndCorruptSafetensors) {
   EXPECT_NE(load_error(dir).find("exceeds file size"), std::string::npos);
 
   bad = good;
-  bad[10] = '}';  // JSON broken
+  bad[8] = 'x';  // JSON broken
   write(p, bad);
   EXPECT_NE(load_error(dir).find("corrupt safetensors header"), std::string::npos);
 }

@@ -62,7 +62,9 @@ TEST(TokenizerStream, StoriesByteFallbackEmojiNeverHalf) {
   for (size_t k = 0; k + 1 < pieces.size(); ++k) {
     empty_run = pieces[k].empty() ? empty_run + 1 : 0;
     max_empty_run = std::max(max_empty_run, empty_run);
-    if (pieces[k].find("\xF0\x9F\x98\x80") != std::string::npos) EXPECT_EQ(k >= 4, true);
+    if (pieces[k].find("\xF0\x9F\x98\x80") != std::string::npos) {
+      EXPECT_GE(k, 4u);
+    }
   }
   EXPECT_GE(max_empty_run, 3);
   // Strip(start=1) applies to the very first token only: later leading spaces survive.
