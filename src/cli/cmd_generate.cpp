@@ -14,7 +14,7 @@ struct GenerateArgs {
   std::optional<int> top_k;
   uint64_t seed = 0;
   std::vector<std::string> stop;
-  bool no_special = false, ignore_eos = false, quiet = false, echo = false;
+  bool no_special = false, ignore_eos = false, quiet = false, no_echo = false;
   int threads = 0;
 };
 
@@ -42,7 +42,7 @@ void run_generate(const GenerateArgs& a) {
     std::fflush(stdout);
     return true;
   };
-  if (a.echo) {
+  if (!a.no_echo) {
     std::fwrite(prompt.data(), 1, prompt.size(), stdout);
     std::fflush(stdout);
   }
@@ -78,7 +78,7 @@ void add_generate(CLI::App& app) {
   c->add_option("--stop", a->stop, "Stop when this text is generated (repeatable); it is not printed");
   c->add_flag("--no-special", a->no_special, "Do not add BOS/EOS special tokens to the prompt");
   c->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-sequence tokens");
-  c->add_flag("--echo", a->echo, "Print the prompt before the completion");
+  c->add_flag("--no-echo", a->no_echo, "Print only the completion, not the prompt before it");
   c->add_option("--threads", a->threads, "Worker threads (default: all cores)");
   c->add_flag("-q,--quiet", a->quiet, "No progress or statistics on stderr");
   c->callback([a]() { run_generate(*a); });
