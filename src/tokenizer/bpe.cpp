@@ -32,11 +32,16 @@ Bpe::Bpe(const json& model, const std::string& where) {
     if (!it.value().is_number_integer()) fail(where, ".vocab[\"", it.key(), "\"]: id is not an integer");
     int32_t id = it.value().get<int32_t>();
     if (id < 0) fail(where, ".vocab[\"", it.key(), "\"]: negative id ", id);
-    vocab_[it.key()] = id;
     max_id = std::max(max_id, id);
   }
   id_to_token_.resize(static_cast<size_t>(max_id + 1));
-  for (auto& [k, v] : vocab_) id_to_token_[v] = k;
+  has_id_.assign(static_cast<size_t>(max_id + 1), false);
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    int32_t id = it.value().get<int32_t>();
+    vocab_.insert(it.key(), id);
+    id_to_token_[id] = it.key();
+    has_id_[id] = true;
+  }
 
   const auto opt_str = [&](const char* key) -> std::optional<std::string> {
     if (model.contains(key) && model[key].is_string()) return model[key].get<std::string>();
@@ -52,44 +57,44 @@ Bpe::Bpe(const json& model, const std::string& where) {
     static const char* hex = "0123456789ABCDEF";
     for (int b = 0; b < 256; ++b) {
       std::string name = std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">";
-      auto it = vocab_.find(name);
-      if (it != vocab_.end()) byte_ids_[b] = it->second;
+      if (auto id = vocab_.find(name)) byte_ids_[b] = *id;
     }
   }
 
   const json& merges = model["merges"];
-  merges_.reserve(merges.size() * 2);
+  merges_.reserve(merges.size());
+  std::string merged;
   for (size_t i = 0; i < merges.size(); ++i) {
     const json& m = merges[i];
-    std::string a, b;
+    std::string_view a, b;
     if (m.is_string()) {
-      const std::string& s = m.get_ref<const std::string&>();
+      std::string_view s = m.get_ref<const std::string&>();
       size_t sp = s.find(' ');
       if (sp == std::string::npos) fail(where, ".merges[", i, "]: '", s, "' is not two tokens separated by a space");
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      a = m[0].get<std::string>();
-      b = m[1].get<std::string>();
+      a = m[0].get_ref<const std::string&>();
+      b = m[1].get_ref<const std::string&>();
     } else {
       fail(where, ".merges[", i, "]: expected \"a b\" or [a, b]");
     }
     auto ia = vocab_.find(a), ib = vocab_.find(b);
-    if (ia == vocab_.end()) fail(where, ".merges[", i, "]: token '", a, "' is not in the vocab");
-    if (ib == vocab_.end()) fail(where, ".merges[", i, "]: token '", b, "' is not in the vocab");
-    std::string merged = a + b.substr(std::min(prefix_.size(), b.size()));
+    if (!ia) fail(where, ".merges[", i, "]: token '", a, "' is not in the vocab");
+    if (!ib) fail(where, ".merges[", i, "]: token '", b, "' is not in the vocab");
+    merged.assign(a);
+    merged.append(b.substr(std::min(prefix_.size(), b.size())));
     auto im = vocab_.find(merged);
-    if (im == vocab_.end()) fail(where, ".merges[", i, "]: merged token '", merged, "' is not in the vocab");
-    merges_[pair_key(ia->second, ib->second)] = {static_cast<int32_t>(i), im->second};
+    if (!im) fail(where, ".merges[", i, "]: merged token '", merged, "' is not in the vocab");
+    merges_.insert_or_assign(pair_key(*ia, *ib), static_cast<int32_t>(i), *im);  // later duplicates win, as HF
   }
 }
 
 void Bpe::tokenize(std::string_view piece, std::vector<int32_t>& out) const {
   if (piece.empty()) return;
   if (ignore_merges_) {
-    auto it = vocab_.find(piece);
-    if (it != vocab_.end()) {
-      out.push_back(it->second);
+    if (auto id = vocab_.find(piece)) {
+      out.push_back(*id);
       return;
     }
   }
@@ -124,7 +129,7 @@ void Bpe::merge_word(std::string_view w, std::vector<int32_t>& out) const {
     int32_t n = static_cast<int32_t>(syms.size());
     syms.push_back({id, n - 1, n + 1, true});
   };
-  std::optional<int32_t> unk_id;  // pending (possibly fused) unknown
+  int32_t unk_id = -1;  // pending (possibly fused) unknown, -1 when none
   std::string tmp;
   size_t i = 0;
   while (i < w.size()) {
@@ -133,18 +138,18 @@ void Bpe::merge_word(std::string_view w, std::vector<int32_t>& out) const {
     std::string_view ch = w.substr(b, i - b);
     std::string_view key = ch;
     if ((b != 0 && !prefix_.empty()) || (i == w.size() && !suffix_.empty())) {
-      tmp.assign(b != 0 ? prefix_ : std::string());
-      tmp.append(ch);
+      tmp.clear();
+      if (b != 0) tmp += prefix_;
+      tmp += ch;
       if (i == w.size()) tmp.append(suffix_);
       key = tmp;
     }
-    auto it = vocab_.find(key);
-    if (it != vocab_.end()) {
-      if (unk_id) {
-        add(*unk_id);
-        unk_id.reset();
+    if (auto id = vocab_.find(key)) {
+      if (unk_id >= 0) {
+        add(unk_id);
+        unk_id = -1;
       }
-      add(it->second);
+      add(*id);
       continue;
     }
     if (byte_fallback_) {
@@ -158,12 +163,12 @@ void Bpe::merge_word(std::string_view w, std::vector<int32_t>& out) const {
     }
     if (unk_token_) {
       auto u = vocab_.find(*unk_token_);
-      if (u == vocab_.end()) fail("BPE: unk_token '", *unk_token_, "' is not in the vocab");
-      if (unk_id && !fuse_unk_) add(*unk_id);
-      if (!(unk_id && fuse_unk_)) unk_id = u->second;
+      if (!u) fail("BPE: unk_token '", *unk_token_, "' is not in the vocab");
+      if (unk_id >= 0 && !fuse_unk_) add(unk_id);
+      if (!(unk_id >= 0 && fuse_unk_)) unk_id = *u;
     }
   }
-  if (unk_id) add(*unk_id);
+  if (unk_id >= 0) add(unk_id);
   if (syms.empty()) return;
   syms.back().next = -1;
 
@@ -175,8 +180,8 @@ void Bpe::merge_word(std::string_view w, std::vector<int32_t>& out) const {
   };
   std::priority_queue<Merge> queue;
   for (size_t k = 0; k + 1 < syms.size(); ++k) {
-    auto m = merges_.find(pair_key(syms[k].id, syms[k + 1].id));
-    if (m != merges_.end()) queue.push({m->second.first, static_cast<int32_t>(k), m->second.second});
+    if (auto m = merges_.find(pair_key(syms[k].id, syms[k + 1].id)))
+      queue.push({m->first, static_cast<int32_t>(k), m->second});
   }
   while (!queue.empty()) {
     Merge top = queue.top();
@@ -185,18 +190,16 @@ void Bpe::merge_word(std::string_view w, std::vector<int32_t>& out) const {
     if (!cur.alive || cur.next < 0) continue;
     Symbol& right = syms[cur.next];
     auto m = merges_.find(pair_key(cur.id, right.id));
-    if (m == merges_.end() || m->second.second != top.new_id) continue;  // stale entry
+    if (!m || m->second != top.new_id) continue;  // stale entry
     cur.id = top.new_id;
     right.alive = false;
     cur.next = right.next;
     if (cur.next >= 0) syms[cur.next].prev = top.pos;
     if (cur.prev >= 0) {
-      auto p = merges_.find(pair_key(syms[cur.prev].id, cur.id));
-      if (p != merges_.end()) queue.push({p->second.first, cur.prev, p->second.second});
+      if (auto p = merges_.find(pair_key(syms[cur.prev].id, cur.id))) queue.push({p->first, cur.prev, p->second});
     }
     if (cur.next >= 0) {
-      auto n = merges_.find(pair_key(cur.id, syms[cur.next].id));
-      if (n != merges_.end()) queue.push({n->second.first, top.pos, n->second.second});
+      if (auto n = merges_.find(pair_key(cur.id, syms[cur.next].id))) queue.push({n->first, top.pos, n->second});
     }
   }
   for (auto& s : syms)

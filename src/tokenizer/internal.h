@@ -50,6 +50,39 @@ struct StrEq {
 template <typename V>
 using StrMap = std::unordered_map<std::string, V, StrHash, StrEq>;
 
+// Open-addressing maps for the large, build-once tables (151k-token vocabularies, 280k merges):
+// node-based maps made loading several times slower through allocation and cache misses.
+class FlatStrIndex {  // string -> int32 id; keys owned here
+ public:
+  void reserve(size_t n);
+  bool insert(std::string key, int32_t id);  // false (and no change) when the key exists
+  std::optional<int32_t> find(std::string_view key) const;
+  size_t size() const { return keys_.size(); }
+
+ private:
+  void rehash(size_t n_slots);
+  std::vector<std::string> keys_;
+  std::vector<int32_t> ids_;
+  std::vector<uint64_t> hashes_;
+  std::vector<int32_t> slots_;  // index into keys_, -1 empty
+};
+class FlatPairMap {  // (a, b) -> (rank, new id)
+ public:
+  void reserve(size_t n);
+  void insert_or_assign(uint64_t key, int32_t rank, int32_t new_id);
+  const std::pair<int32_t, int32_t>* find(uint64_t key) const;
+
+ private:
+  struct Slot {
+    uint64_t key;
+    std::pair<int32_t, int32_t> value;
+    bool used;
+  };
+  void rehash(size_t n_slots);
+  std::vector<Slot> slots_;
+  size_t n_ = 0;
+};
+
 // ---- regex (regex.cpp): PCRE2, UTF + UCP, JIT ----
 class Regex {
  public:
@@ -122,14 +155,16 @@ class Bpe {
  public:
   Bpe(const json& model, const std::string& where);
   void tokenize(std::string_view piece, std::vector<int32_t>& out) const;
-  const StrMap<int32_t>& vocab() const { return vocab_; }
+  std::optional<int32_t> find(std::string_view token) const { return vocab_.find(token); }
   const std::vector<std::string>& id_to_token() const { return id_to_token_; }
+  bool has_id(int32_t id) const { return id >= 0 && static_cast<size_t>(id) < has_id_.size() && has_id_[id]; }
 
  private:
   void merge_word(std::string_view w, std::vector<int32_t>& out) const;
-  StrMap<int32_t> vocab_;
+  FlatStrIndex vocab_;
   std::vector<std::string> id_to_token_;
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (a,b) -> (rank, new id)
+  std::vector<bool> has_id_;  // ids present in the vocab (the vocabulary may have holes)
+  FlatPairMap merges_;
   std::optional<std::string> unk_token_;
   std::string prefix_, suffix_;  // continuing_subword_prefix / end_of_word_suffix
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;

@@ -106,7 +106,7 @@ class ByteLevel : public PreTokenizer {
   void pre_tokenize(std::vector<Piece>& pieces) const override {
     if (add_prefix_space_)
       for (auto& p : pieces)
-        if (p.text.empty() || p.text[0] != ' ') p.text.insert(0, " ");
+        if (p.text.empty() || p.text[0] != ' ') p.text = " " + p.text;
     if (re_)
       apply_split(pieces, [&](const std::string& s) {
         return split_by(s, re_->find_all(s), Behavior::Isolated, false);

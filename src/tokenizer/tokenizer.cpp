@@ -178,9 +178,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special) 
 const std::string* Tokenizer::Impl::token_of(int32_t id) const {
   auto it = added_by_id.find(id);
   if (it != added_by_id.end()) return &added[it->second].content;
-  const auto& v = model->id_to_token();
-  if (id >= 0 && static_cast<size_t>(id) < v.size() && !(v[id].empty() && !model->vocab().count(""))) return &v[id];
-  return nullptr;
+  return model->has_id(id) ? &model->id_to_token()[id] : nullptr;
 }
 
 std::string Tokenizer::Impl::decode(const int32_t* ids, size_t n, bool skip_special) const {
@@ -215,9 +213,7 @@ int32_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
   auto a = impl_->added_by_content.find(token);
   if (a != impl_->added_by_content.end()) return a->second;
-  auto v = impl_->model->vocab().find(token);
-  if (v != impl_->model->vocab().end()) return v->second;
-  return std::nullopt;
+  return impl_->model->find(token);
 }
 
 std::string Tokenizer::id_to_token(int32_t id) const {
