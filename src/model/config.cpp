@@ -162,7 +162,7 @@ ModelConfig ModelConfig::from_json(const std::string& config_json,
       c.generation.do_sample = get_bool(g, "do_sample", gsrc, false);
       c.generation.temperature = float(get_num(g, "temperature", gsrc, 1.0));
       c.generation.top_p = float(get_num(g, "top_p", gsrc, 1.0));
-      c.generation.top_k = int(get_num(g, "top_k", gsrc, 0));
+      c.generation.top_k = int(get_num(g, "top_k", gsrc, 50));  // GenerationConfig default
       c.generation.repetition_penalty = float(get_num(g, "repetition_penalty", gsrc, 1.0));
     }
   }

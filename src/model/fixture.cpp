@@ -135,7 +135,11 @@ void write_fixture_model(const std::string& dir, const FixtureSpec& s) {
   if (!s.tokenizer_dir.empty()) {
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
       const std::string src = path_join(s.tokenizer_dir, f);
-      if (file_exists(src)) fs::copy_file(src, path_join(dir, f), fs::copy_options::overwrite_existing);
+      if (!file_exists(src)) continue;
+      const std::string dst = path_join(dir, f);
+      fs::copy_file(src, dst, fs::copy_options::overwrite_existing);
+      // the source may be read-only (../shared); the copy belongs to the fixture
+      fs::permissions(dst, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::add);
     }
   } else if (!s.tokenizer_kind.empty()) {
     const int64_t tv = std::min<int64_t>(vocab > 0 ? vocab : 512, 4096);
@@ -170,7 +174,7 @@ void write_fixture_model(const std::string& dir, const FixtureSpec& s) {
   cfg["hidden_act"] = "silu";
   cfg["tie_word_embeddings"] = s.tie;
   cfg["torch_dtype"] = s.dtype == "f32" ? "float32" : s.dtype == "f16" ? "float16" : "bfloat16";
-  cfg["attention_bias"] = false;
+  if (s.arch != "qwen2") cfg["attention_bias"] = false;  // qwen2 always biases q/k/v
   if (bos) cfg["bos_token_id"] = *bos;
   if (eos) cfg["eos_token_id"] = *eos;
   if (s.rope_scaling == "llama3") {

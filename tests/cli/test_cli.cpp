@@ -1,0 +1,133 @@
+// The kvboost program as a user runs it: real processes, stdout/stderr and exit codes.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "test_util.h"
+
+namespace {
+
+struct Proc {
+  int rc;
+  std::string out, err;
+};
+
+Proc run(const std::string& args, const std::string& stdin_data = "") {
+  const std::string dir = kvboost::test::make_temp_dir("cli_run");
+  const std::string in = dir + "/in", out = dir + "/out", err = dir + "/err";
+  { std::ofstream(in, std::ios::binary) << stdin_data; }
+  const std::string cmd = std::string(KVBOOST_CLI) + " " + args + " <" + in + " >" + out + " 2>" + err;
+  int st = std::system(cmd.c_str());
+  Proc r;
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  auto slurp = [](const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  };
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+std::string stories() { return kvboost::test::shared_path("models/stories260K"); }
+
+}  // namespace
+
+TEST(Cli, HelpListsEveryCommandAndOption) {
+  Proc r = run("--help");
+  EXPECT_EQ(r.rc, 0);
+  for (const char* s : {"generate", "tokenize", "detokenize", "logits"}) EXPECT_NE(r.out.find(s), std::string::npos) << s;
+  r = run("generate --help");
+  EXPECT_EQ(r.rc, 0);
+  for (const char* s : {"--model", "--prompt", "--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p",
+                        "--repetition-penalty", "--seed", "--stop", "--prompt-file"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s;
+  EXPECT_NE(run("").rc, 0);
+}
+
+TEST(Cli, GenerateStoriesPrintsTheStoryAndStats) {
+  KVBOOST_REQUIRE_PATH(stories());
+  Proc r = run("generate --model " + stories() + " -p 'Once upon a time' -n 40");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("Once upon a time, there was a little girl named Lily.", 0), 0u) << r.out;
+  for (const char* s : {"prompt tokens: 5", "time to first token", "prefill:", "decode:", "tokens/s"})
+    EXPECT_NE(r.err.find(s), std::string::npos) << s << " in " << r.err;
+  r = run("generate --model " + stories() + " -p 'Once upon a time' -n 40 --stop Lily -q --no-echo");
+  EXPECT_EQ(r.out, ", there was a little girl named \n");
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(Cli, TokenizeReadsExactBytesFromStdin) {
+  KVBOOST_REQUIRE_PATH(stories());
+  Proc r = run("tokenize --model " + stories() + " 'Once upon a time'");
+  EXPECT_EQ(r.out, "1 403 407 261 378\n");
+  r = run("tokenize --model " + stories() + " --no-special 'Once upon a time'");
+  EXPECT_EQ(r.out, "403 407 261 378\n");
+  // stdin keeps its trailing newline: a different id sequence than the argument form
+  Proc s = run("tokenize --model " + stories(), "Once upon a time\n");
+  EXPECT_EQ(s.out.rfind("1 403 407 261 378 ", 0), 0u) << s.out;
+  EXPECT_NE(s.out, "1 403 407 261 378\n");
+  // a tokenizer-only directory is enough, here the real Qwen2.5 tokenizer
+  const std::string qwen = kvboost::test::shared_path("tokenizers/qwen2.5");
+  if (kvboost::test::path_exists(qwen)) {
+    Proc q = run("tokenize --model " + qwen + " 'Hello, world!'");
+    EXPECT_EQ(q.out, "9707 11 1879 0\n");
+    Proc d = run("detokenize --model " + qwen + " 9707 11 1879 0");
+    EXPECT_EQ(d.out, "Hello, world!\n");
+  }
+  r = run("detokenize --model " + stories() + " 1 403 407 261 378 --skip-special");
+  EXPECT_EQ(r.out, "Once upon a time\n");
+}
+
+TEST(Cli, BadInputIsAClearErrorNotACrash) {
+  Proc r = run("generate --model /nonexistent -p hi");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("kvboost: error: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent"), std::string::npos) << r.err;
+  KVBOOST_REQUIRE_PATH(stories());
+  r = run("tokenize --model " + stories(), std::string("ok \xff\xfe bad"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("invalid UTF-8"), std::string::npos) << r.err;
+  r = run("detokenize --model " + stories() + " 1 99999");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("99999"), std::string::npos) << r.err;
+  r = run("generate --model " + stories() + " -p hi --top-p 3");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("top_p = 3"), std::string::npos) << r.err;
+  // a prompt longer than the 512-token context
+  std::string longp;
+  for (int i = 0; i < 400; ++i) longp += "Once upon a time ";
+  const std::string dir = kvboost::test::make_temp_dir("cli_long");
+  { std::ofstream(dir + "/p.txt") << longp; }
+  r = run("generate --model " + stories() + " -f " + dir + "/p.txt");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("context"), std::string::npos) << r.err;
+}
+
+TEST(Cli, DemoModelWorksOffline) {
+  const std::string dir = kvboost::test::make_temp_dir("cli_demo");
+  setenv("KVBOOST_DEMO_MODEL", (dir + "/demo").c_str(), 1);
+  Proc r = run("generate -p 'Hello there' -n 8 --ignore-eos");
+  unsetenv("KVBOOST_DEMO_MODEL");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("not meaningful"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("generated tokens: 8"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.rfind("Hello there", 0), 0u) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/demo/model.safetensors"));
+}
+
+TEST(Cli, FixtureToolWritesEveryArchitecture) {
+  const std::string dir = kvboost::test::make_temp_dir("cli_fixture");
+  for (const char* arch : {"llama", "mistral", "qwen2", "qwen3"}) {
+    const std::string out = dir + "/" + arch;
+    std::string cmd = std::string(KVBOOST_FIXTURE_TOOL) + " --arch " + arch + " --dtype bf16 --out " + out +
+                      " --tokenizer-kind sentencepiece > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << arch;
+    Proc r = run("generate --model " + out + " -p 'abc' -n 4 --ignore-eos");
+    EXPECT_EQ(r.rc, 0) << arch << ": " << r.err;
+    EXPECT_NE(r.err.find("generated tokens: 4"), std::string::npos) << r.err;
+  }
+}
