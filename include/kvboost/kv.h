@@ -1,0 +1,321 @@
+// kvboost/kv.h — paged KV memory: block pool, per-sequence block tables, automatic prefix caching
+// (chained block hashes), copy-on-write, and a cold tier that running sequences spill to.
+// Uses kvboost/common.h only. Modelled on vLLM v1 (core/block_pool.py, core/kv_cache_manager.py).
+//
+// Two halves, kept apart (GUIDE convention 5):
+//   bookkeeping  BlockPool, KvCacheManager — block ids, ref counts, hashes, LRU free list. No
+//                tensors; testable without a model. Running out of blocks returns std::nullopt
+//                (the scheduler admits later or preempts); only misuse (unknown sequence id, ...)
+//                throws kvboost::Error.
+//   storage      PagedKvStorage — the K/V floats, indexed by the block ids the bookkeeping hands
+//                out; ColdStore / FileColdStore — the slower tier.
+//
+// Life cycle of a request (seq = any caller-chosen int64 id, unique among live sequences):
+//
+//   auto p = mgr.allocate_for_prompt(seq, prompt_ids, tenant);  // nullopt: no room, retry later
+//   for (auto c : p->copies) storage.copy_block(c.src, c.dst);  // before any other mgr call
+//   // run the model on prompt_ids[p->n_cached ..] at positions p->n_cached ..; token at position
+//   // pos writes its K/V to block  mgr.block_table(seq)[pos / block_size], row  pos % block_size.
+//   mgr.commit_full_blocks(seq, prompt_ids);   // full blocks become findable by later requests
+//   loop per generated token t (its K/V goes at position mgr.n_tokens(seq)):
+//     auto s = mgr.append_slot(seq);           // nullopt: no room, preempt/free someone
+//     if (s->copy) storage.copy_block(s->copy->src, s->copy->dst);
+//     // forward(t) writes K/V at (s->block, s->offset); attention reads the block table
+//     mgr.commit_full_blocks(seq, all_ids_so_far);   // cheap: only newly full blocks are hashed
+//   mgr.free(seq);                             // blocks stay cached in the LRU free list
+//
+// With a cold tier attached (attach_cold_tier), append_slot spills least-recently-used blocks of
+// running sequences when the hot pool is empty, and the engine calls
+// ensure_resident(seq, first_block, n) before attention reads a range of the block table; entries
+// outside the ensured ranges may be kColdBlock. Residency holds until the next manager call that
+// can spill (append_slot, ensure_resident). Tip: attention that scans a sequence in ranges should
+// alternate the scan direction per step; LRU then keeps the blocks needed first.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kvboost/common.h"
+
+namespace kvboost::kv {
+
+using BlockId = int32_t;
+using SeqId = int64_t;
+inline constexpr BlockId kColdBlock = -1;  // a block-table entry whose data is in the cold tier
+inline constexpr int64_t kDefaultBlockSize = 16;
+
+// ---- hashing -----------------------------------------------------------------------------------
+// Chained block hash H(parent, tokens): XXH3-64 over [parent as 8 LE bytes][token ids as int32].
+// The namespace (tenant or salt) is mixed in once, as the parent of the first block:
+// root = XXH3-64(namespace bytes, seed). A 64-bit hash is enough because a hash is only a lookup
+// key: every hit is verified (token ids, namespace, and the parent block's registration id), so a
+// collision costs a cache miss, never wrong K/V.
+uint64_t namespace_root_hash(std::string_view ns);
+uint64_t block_hash(uint64_t parent, std::span<const int32_t> tokens);
+using BlockHashFn = std::function<uint64_t(uint64_t parent, std::span<const int32_t> tokens)>;
+
+// ---- block pool --------------------------------------------------------------------------------
+struct BlockInfo {
+  int32_t ref_count = 0;
+  bool cached = false;           // registered in the hash map (a full block; immutable)
+  uint64_t hash = 0;             // chained hash when cached
+  uint64_t reg_id = 0;           // unique, never reused id of this registration (0 = none)
+  uint64_t parent_reg = 0;       // reg_id of the parent block's registration (0: first block)
+  int32_t ns = -1;               // namespace id (KvCacheManager interns namespace strings)
+  std::vector<int32_t> tokens;   // the token ids the block holds, for verifying hits
+};
+
+// A fixed set of blocks. Free blocks (ref count 0) form an LRU list: freed blocks go to the tail,
+// allocation takes the head. A free block that is still cached stays findable by hash until it is
+// allocated again; then its hash entry is evicted. Initially the free list is 0, 1, ..., n-1.
+class BlockPool {
+ public:
+  explicit BlockPool(int64_t n_blocks, int64_t block_size = kDefaultBlockSize);
+
+  // Blocks that fit in `bytes` of f32 K and V for all layers.
+  static int64_t blocks_for_budget(size_t bytes, int64_t block_size, int64_t n_layers,
+                                   int64_t n_kv_heads, int64_t head_dim);
+
+  int64_t n_blocks() const { return int64_t(blocks_.size()); }
+  int64_t block_size() const { return block_size_; }
+  int64_t n_free() const { return n_free_; }  // allocatable (ref 0), cached ones included
+  int64_t n_used() const { return n_blocks() - n_free_; }
+  int64_t n_cached() const { return int64_t(map_.size()); }
+  int64_t n_evictions() const { return n_evictions_; }  // cached blocks reused for new data
+
+  std::optional<BlockId> allocate();  // head of the free list, ref count 1; nullopt when empty
+  // All or nothing: appends n blocks to *out, or returns false and changes nothing.
+  bool allocate_n(int64_t n, std::vector<BlockId>* out);
+  void ref(BlockId b);    // ref count + 1; a free (cached) block leaves the free list ("touch")
+  void unref(BlockId b);  // ref count - 1; at 0 the block goes to the free list's tail
+
+  std::optional<BlockId> find(uint64_t hash) const;
+  // Registers a full block under `hash` (which must not be in the map); returns its reg_id.
+  uint64_t register_full(BlockId b, uint64_t hash, std::span<const int32_t> tokens, int32_t ns,
+                         uint64_t parent_reg);
+  void drop_hash(BlockId b);  // forget b's registration (no-op when not cached)
+
+  const BlockInfo& info(BlockId b) const;
+  std::vector<BlockId> free_list() const;  // head (next allocated) to tail
+
+ private:
+  void check(BlockId b) const;
+  void list_remove(BlockId b);
+  void list_push_back(BlockId b);
+
+  int64_t block_size_;
+  std::vector<BlockInfo> blocks_;
+  std::vector<int32_t> prev_, next_;  // intrusive doubly linked free list, -1 = none
+  std::vector<uint8_t> in_free_;
+  int32_t head_ = -1, tail_ = -1;
+  int64_t n_free_ = 0;
+  std::unordered_map<uint64_t, BlockId> map_;
+  uint64_t next_reg_ = 1;
+  int64_t n_evictions_ = 0;
+};
+
+// ---- tensor storage ----------------------------------------------------------------------------
+// One piece of a block's memory, for gathered I/O.
+struct IoPiece {
+  void* data;
+  size_t bytes;
+};
+
+// K and V of every layer, f32. Per layer, K and V are each a pool laid out as
+//   [n_blocks][block_size][n_kv_heads][head_dim]
+// so the row for position pos of a sequence is k_block(layer, table[pos / bs]) +
+// (pos % bs) * n_kv_heads * head_dim. One anonymous mapping, zeroed lazily by the kernel and not
+// reserved up front (MAP_NORESERVE): untouched blocks cost no memory.
+class PagedKvStorage {
+ public:
+  PagedKvStorage(int64_t n_blocks, int64_t block_size, int64_t n_layers, int64_t n_kv_heads,
+                 int64_t head_dim);
+  PagedKvStorage(PagedKvStorage&& o) noexcept;
+  PagedKvStorage& operator=(PagedKvStorage&& o) noexcept;
+  PagedKvStorage(const PagedKvStorage&) = delete;
+  PagedKvStorage& operator=(const PagedKvStorage&) = delete;
+  ~PagedKvStorage();
+
+  // Bytes of one block over all layers, K and V.
+  static size_t bytes_per_block(int64_t block_size, int64_t n_layers, int64_t n_kv_heads,
+                                int64_t head_dim);
+  size_t block_bytes() const { return bytes_per_block(block_size_, n_layers_, n_kv_heads_, head_dim_); }
+
+  int64_t n_blocks() const { return n_blocks_; }
+  int64_t block_size() const { return block_size_; }
+  int64_t n_layers() const { return n_layers_; }
+  int64_t n_kv_heads() const { return n_kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  int64_t block_floats() const { return block_size_ * n_kv_heads_ * head_dim_; }  // per K or V
+
+  float* k_pool(int64_t layer) { return base_ + pool_offset(layer, 0); }
+  float* v_pool(int64_t layer) { return base_ + pool_offset(layer, 1); }
+  float* k_block(int64_t layer, BlockId b) { return k_pool(layer) + int64_t(b) * block_floats(); }
+  float* v_block(int64_t layer, BlockId b) { return v_pool(layer) + int64_t(b) * block_floats(); }
+  const float* k_block(int64_t layer, BlockId b) const;
+  const float* v_block(int64_t layer, BlockId b) const;
+
+  void copy_block(BlockId src, BlockId dst);   // all layers, K and V (copy-on-write)
+  std::vector<IoPiece> block_pieces(BlockId b);  // layer 0 K, layer 0 V, layer 1 K, ...
+
+ private:
+  int64_t pool_offset(int64_t layer, int kv) const {
+    return (layer * 2 + kv) * n_blocks_ * block_floats();
+  }
+  void release();
+  int64_t n_blocks_, block_size_, n_layers_, n_kv_heads_, head_dim_;
+  float* base_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// ---- cold tier ---------------------------------------------------------------------------------
+// A slower tier holding whole blocks in numbered slots. The interface is in terms of gathered
+// pieces so that another hot tier (GPU memory) or cold tier (host memory) can implement it.
+class ColdStore {
+ public:
+  virtual ~ColdStore() = default;
+  virtual size_t slot_bytes() const = 0;
+  virtual std::optional<int64_t> allocate_slot() = 0;  // nullopt when the store is full
+  virtual void release_slot(int64_t slot) = 0;
+  virtual int64_t n_slots_used() const = 0;
+  // Writes one block (pieces totalling slot_bytes()).
+  virtual void write(int64_t slot, std::span<const IoPiece> pieces) = 0;
+  // Reads a batch of blocks: slots[i] into dsts[i]. Implementations coalesce adjacent slots.
+  virtual void read(std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> dsts) = 0;
+};
+
+// Blocks in an unlinked temporary file under `dir` (process-private: no checksums), with
+// pwritev/preadv. Slots are reused lowest first so that a sequence's spilled run stays contiguous.
+// max_slots < 0: unlimited (bounded by the disk). I/O failures throw Error naming the directory.
+class FileColdStore : public ColdStore {
+ public:
+  FileColdStore(const std::string& dir, size_t slot_bytes, int64_t max_slots = -1);
+  ~FileColdStore() override;
+  FileColdStore(const FileColdStore&) = delete;
+  FileColdStore& operator=(const FileColdStore&) = delete;
+
+  size_t slot_bytes() const override { return slot_bytes_; }
+  std::optional<int64_t> allocate_slot() override;
+  void release_slot(int64_t slot) override;
+  int64_t n_slots_used() const override { return n_used_; }
+  void write(int64_t slot, std::span<const IoPiece> pieces) override;
+  void read(std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> dsts) override;
+  int64_t n_read_calls() const { return n_read_calls_; }  // preadv calls issued (tests)
+
+ private:
+  std::string dir_;
+  size_t slot_bytes_;
+  int64_t max_slots_;
+  int fd_ = -1;
+  int64_t high_water_ = 0, n_used_ = 0, n_read_calls_ = 0;
+  std::vector<int64_t> free_slots_;  // min-heap
+};
+
+// ---- manager -----------------------------------------------------------------------------------
+struct CopyOp {
+  BlockId src, dst;  // copy all of src's K/V to dst (PagedKvStorage::copy_block)
+};
+
+struct PromptAlloc {
+  int64_t n_cached = 0;         // prompt tokens whose K/V are already in the block table
+  std::vector<CopyOp> copies;   // to perform before anything else touches the pool (≤ 1)
+};
+
+struct SlotAlloc {
+  BlockId block = 0;            // where the new token's K/V go
+  int64_t offset = 0;           // row within the block
+  std::optional<CopyOp> copy;   // copy-on-write of the previous (shared) last block
+};
+
+struct KvStats {
+  int64_t n_blocks = 0, blocks_used = 0, blocks_free = 0;
+  int64_t blocks_cached = 0;  // registered (findable) blocks, in use or free
+  int64_t blocks_cold = 0;    // block-table entries held by the cold tier
+  int64_t n_queries = 0, query_tokens = 0, hit_tokens = 0;  // successful allocate_for_prompt calls
+  int64_t evictions = 0, spills = 0, page_ins = 0;
+  double hit_rate() const { return query_tokens ? double(hit_tokens) / double(query_tokens) : 0.0; }
+  std::string to_string() const;
+};
+
+class KvCacheManager {
+ public:
+  explicit KvCacheManager(int64_t n_blocks, int64_t block_size = kDefaultBlockSize);
+
+  // Enables spilling: block data moves between `hot` (indexed by this manager's block ids) and
+  // `cold`. Both must outlive the manager; cold->slot_bytes() == hot->block_bytes().
+  void attach_cold_tier(PagedKvStorage* hot, ColdStore* cold);
+
+  // Starts sequence `seq` with its prompt: shares the longest verified run of cached full blocks,
+  // allocates the rest. All prompt tokens cached: n_cached = n - 1 and the last block is copied
+  // (CopyOp) so the recomputed last token never writes into a cached block. nullopt when the
+  // pool cannot hold the prompt; the pool is then unchanged. Never spills.
+  std::optional<PromptAlloc> allocate_for_prompt(SeqId seq, std::span<const int32_t> tokens,
+                                                 std::string_view ns = "");
+  // Reserves the slot for the next token (position n_tokens(seq)). A new block when the last is
+  // full; copy-on-write when the last block is shared. nullopt (state unchanged) when no block.
+  std::optional<SlotAlloc> append_slot(SeqId seq);
+  // Registers the full blocks among tokens[0 .. tokens.size()) (K/V written) not yet registered.
+  // Returns the number of blocks newly made findable.
+  int64_t commit_full_blocks(SeqId seq, std::span<const int32_t> tokens);
+  // dst shares all of src's blocks (parallel sampling, beam search); src must be fully resident.
+  void fork(SeqId src, SeqId dst);
+  // Drops the sequence. Blocks reach the free list's tail last block first, so among a prefix the
+  // deepest blocks are evicted first and the shared beginning survives longest (as vLLM).
+  void free(SeqId seq);
+
+  // Makes blocks [first, first + n) of seq's table resident, reading all cold ones in one batch
+  // and spilling LRU blocks of other ranges/sequences as needed. Returns the number paged in, or
+  // nullopt (nothing changed) when the hot pool cannot hold them.
+  std::optional<int64_t> ensure_resident(SeqId seq, int64_t first_block, int64_t n_blocks);
+
+  bool has_seq(SeqId seq) const { return seqs_.count(seq) != 0; }
+  std::span<const BlockId> block_table(SeqId seq) const;  // kColdBlock for spilled entries
+  int64_t n_tokens(SeqId seq) const;
+  int64_t block_size() const { return pool_.block_size(); }
+  const BlockPool& pool() const { return pool_; }
+  KvStats stats() const;
+
+  // Tests: replace the block hash (e.g. a constant, to force collisions).
+  void set_hash_fn_for_testing(BlockHashFn fn) { hash_fn_ = std::move(fn); }
+
+ private:
+  struct Seq {
+    std::vector<BlockId> blocks;  // hot block id, or kColdBlock
+    std::vector<int64_t> cold;    // cold slot per entry, -1 when hot
+    int64_t n_tokens = 0;         // slots reserved
+    int32_t ns = 0;
+    int64_t n_committed = 0;      // leading blocks whose chain (hash, reg) is known
+    uint64_t chain_hash = 0;      // hash of block n_committed - 1 (the root when 0)
+    uint64_t chain_reg = 0;       // its reg_id (0 when n_committed == 0)
+    bool chain_broken = false;    // a collision or spill stopped registration
+  };
+  Seq& get(SeqId seq, const char* what);
+  const Seq& get(SeqId seq, const char* what) const;
+  int32_t intern_ns(std::string_view ns);
+  uint64_t hash(uint64_t parent, std::span<const int32_t> tokens) const;
+  void touch(BlockId b) { last_use_[size_t(b)] = ++tick_; }
+  std::optional<BlockId> allocate_one();
+  bool spill(int64_t n, SeqId pin_seq, int64_t pin_first, int64_t pin_end);
+
+  BlockPool pool_;
+  std::map<SeqId, Seq> seqs_;  // ordered: deterministic victim choice
+  std::unordered_map<std::string, int32_t> ns_ids_;
+  std::vector<uint64_t> last_use_;
+  uint64_t tick_ = 0;
+  BlockHashFn hash_fn_;
+  PagedKvStorage* hot_ = nullptr;
+  ColdStore* cold_ = nullptr;
+  int64_t n_queries_ = 0, query_tokens_ = 0, hit_tokens_ = 0, spills_ = 0, page_ins_ = 0;
+  int64_t n_cold_ = 0;
+};
+
+}  // namespace kvboost::kv

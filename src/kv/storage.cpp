@@ -1,0 +1,210 @@
+// Tensor side of the KV cache: the paged K/V arrays (PagedKvStorage) and the file-backed cold
+// tier (FileColdStore).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <functional>
+#include <numeric>
+
+#include "kvboost/kv.h"
+
+namespace kvboost::kv {
+
+// ---- PagedKvStorage ----------------------------------------------------------------------------
+
+size_t PagedKvStorage::bytes_per_block(int64_t block_size, int64_t n_layers, int64_t n_kv_heads,
+                                       int64_t head_dim) {
+  if (block_size <= 0 || n_layers <= 0 || n_kv_heads <= 0 || head_dim <= 0) return 0;
+  return size_t(2 * n_layers * block_size * n_kv_heads * head_dim) * sizeof(float);
+}
+
+PagedKvStorage::PagedKvStorage(int64_t n_blocks, int64_t block_size, int64_t n_layers,
+                               int64_t n_kv_heads, int64_t head_dim)
+    : n_blocks_(n_blocks), block_size_(block_size), n_layers_(n_layers), n_kv_heads_(n_kv_heads),
+      head_dim_(head_dim) {
+  const size_t per = bytes_per_block(block_size, n_layers, n_kv_heads, head_dim);
+  if (n_blocks <= 0 || per == 0)
+    fail("PagedKvStorage: bad shape n_blocks=", n_blocks, " block_size=", block_size,
+         " n_layers=", n_layers, " n_kv_heads=", n_kv_heads, " head_dim=", head_dim);
+  bytes_ = per * size_t(n_blocks);
+  // Anonymous private mapping: zero-filled on first touch, nothing committed up front.
+  void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    fail("PagedKvStorage: mmap of ", bytes_, " bytes failed: ", std::strerror(errno));
+  base_ = static_cast<float*>(p);
+}
+
+PagedKvStorage::PagedKvStorage(PagedKvStorage&& o) noexcept
+    : n_blocks_(o.n_blocks_), block_size_(o.block_size_), n_layers_(o.n_layers_),
+      n_kv_heads_(o.n_kv_heads_), head_dim_(o.head_dim_), base_(o.base_), bytes_(o.bytes_) {
+  o.base_ = nullptr;
+  o.bytes_ = 0;
+}
+
+PagedKvStorage& PagedKvStorage::operator=(PagedKvStorage&& o) noexcept {
+  if (this != &o) {
+    release();
+    n_blocks_ = o.n_blocks_;
+    block_size_ = o.block_size_;
+    n_layers_ = o.n_layers_;
+    n_kv_heads_ = o.n_kv_heads_;
+    head_dim_ = o.head_dim_;
+    base_ = o.base_;
+    bytes_ = o.bytes_;
+    o.base_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+PagedKvStorage::~PagedKvStorage() { release(); }
+
+void PagedKvStorage::release() {
+  if (base_) ::munmap(base_, bytes_);
+  base_ = nullptr;
+  bytes_ = 0;
+}
+
+const float* PagedKvStorage::k_block(int64_t layer, BlockId b) const {
+  return base_ + pool_offset(layer, 0) + int64_t(b) * block_floats();
+}
+const float* PagedKvStorage::v_block(int64_t layer, BlockId b) const {
+  return base_ + pool_offset(layer, 1) + int64_t(b) * block_floats();
+}
+
+void PagedKvStorage::copy_block(BlockId src, BlockId dst) {
+  if (src < 0 || src >= n_blocks_ || dst < 0 || dst >= n_blocks_)
+    fail("PagedKvStorage::copy_block: block ", src, " -> ", dst, " outside [0, ", n_blocks_, ")");
+  if (src == dst) return;
+  const size_t n = size_t(block_floats()) * sizeof(float);
+  for (int64_t l = 0; l < n_layers_; ++l) {
+    std::memcpy(k_block(l, dst), k_block(l, src), n);
+    std::memcpy(v_block(l, dst), v_block(l, src), n);
+  }
+}
+
+std::vector<IoPiece> PagedKvStorage::block_pieces(BlockId b) {
+  if (b < 0 || b >= n_blocks_) fail("PagedKvStorage: block ", b, " outside [0, ", n_blocks_, ")");
+  const size_t n = size_t(block_floats()) * sizeof(float);
+  std::vector<IoPiece> out;
+  out.reserve(size_t(2 * n_layers_));
+  for (int64_t l = 0; l < n_layers_; ++l) {
+    out.push_back({k_block(l, b), n});
+    out.push_back({v_block(l, b), n});
+  }
+  return out;
+}
+
+// ---- FileColdStore -----------------------------------------------------------------------------
+
+namespace {
+
+// preadv/pwritev until every byte of iov moved (short transfers are legal on regular files).
+void full_io(bool write, int fd, std::vector<iovec> iov, off_t off, const std::string& dir) {
+  size_t i = 0;
+  while (i < iov.size()) {
+    const int cnt = int(std::min<size_t>(iov.size() - i, IOV_MAX));
+    const ssize_t r = write ? ::pwritev(fd, &iov[i], cnt, off) : ::preadv(fd, &iov[i], cnt, off);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      fail("cold KV store in ", dir, ": ", write ? "write" : "read", " failed: ", std::strerror(errno));
+    }
+    if (r == 0) fail("cold KV store in ", dir, ": unexpected end of file at offset ", int64_t(off));
+    off += r;
+    size_t left = size_t(r);
+    while (i < iov.size() && left >= iov[i].iov_len) left -= iov[i++].iov_len;
+    if (left) {
+      iov[i].iov_base = static_cast<char*>(iov[i].iov_base) + left;
+      iov[i].iov_len -= left;
+    }
+  }
+}
+
+}  // namespace
+
+FileColdStore::FileColdStore(const std::string& dir, size_t slot_bytes, int64_t max_slots)
+    : dir_(dir), slot_bytes_(slot_bytes), max_slots_(max_slots) {
+  if (slot_bytes == 0) fail("FileColdStore: slot_bytes must be positive");
+  // O_TMPFILE: an unnamed file that disappears with the process; mkstemp + unlink where the file
+  // system lacks it.
+  fd_ = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd_ < 0) {
+    std::string tmpl = path_join(dir, "kvboost-cold-XXXXXX");
+    fd_ = ::mkostemp(tmpl.data(), O_CLOEXEC);
+    if (fd_ < 0) fail("cold KV store: cannot create a file in ", dir, ": ", std::strerror(errno));
+    ::unlink(tmpl.c_str());
+  }
+}
+
+FileColdStore::~FileColdStore() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::optional<int64_t> FileColdStore::allocate_slot() {
+  int64_t slot;
+  if (!free_slots_.empty()) {
+    std::pop_heap(free_slots_.begin(), free_slots_.end(), std::greater<>());
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    if (max_slots_ >= 0 && high_water_ >= max_slots_) return std::nullopt;
+    slot = high_water_++;
+  }
+  ++n_used_;
+  return slot;
+}
+
+void FileColdStore::release_slot(int64_t slot) {
+  if (slot < 0 || slot >= high_water_) fail("FileColdStore: release of unknown slot ", slot);
+  free_slots_.push_back(slot);
+  std::push_heap(free_slots_.begin(), free_slots_.end(), std::greater<>());
+  --n_used_;
+}
+
+void FileColdStore::write(int64_t slot, std::span<const IoPiece> pieces) {
+  if (slot < 0 || slot >= high_water_) fail("FileColdStore: write to unknown slot ", slot);
+  std::vector<iovec> iov;
+  size_t total = 0;
+  for (const IoPiece& p : pieces) {
+    iov.push_back({p.data, p.bytes});
+    total += p.bytes;
+  }
+  if (total != slot_bytes_) fail("FileColdStore: block of ", total, " bytes, slots hold ", slot_bytes_);
+  full_io(true, fd_, std::move(iov), off_t(slot) * off_t(slot_bytes_), dir_);
+}
+
+void FileColdStore::read(std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> dsts) {
+  if (slots.size() != dsts.size()) fail("FileColdStore::read: ", slots.size(), " slots, ", dsts.size(), " destinations");
+  // Sort by slot and issue one preadv per run of consecutive slots.
+  std::vector<size_t> order(slots.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return slots[a] < slots[b]; });
+  size_t i = 0;
+  while (i < order.size()) {
+    size_t j = i + 1;
+    while (j < order.size() && slots[order[j]] == slots[order[j - 1]] + 1) ++j;
+    std::vector<iovec> iov;
+    for (size_t k = i; k < j; ++k) {
+      const int64_t s = slots[order[k]];
+      if (s < 0 || s >= high_water_) fail("FileColdStore: read of unknown slot ", s);
+      size_t total = 0;
+      for (const IoPiece& p : dsts[order[k]]) {
+        iov.push_back({p.data, p.bytes});
+        total += p.bytes;
+      }
+      if (total != slot_bytes_) fail("FileColdStore: block of ", total, " bytes, slots hold ", slot_bytes_);
+    }
+    ++n_read_calls_;
+    full_io(false, fd_, std::move(iov), off_t(slots[order[i]]) * off_t(slot_bytes_), dir_);
+    i = j;
+  }
+}
+
+}  // namespace kvboost::kv
