@@ -50,6 +50,35 @@ void attention_ref(const float* q, const float* k, const float* v, float* out, i
                    int64_t q_pos0, int64_t n_kv_tokens, int64_t n_heads, int64_t n_kv_heads,
                    int64_t head_dim, int64_t window, float scale);
 
+// ---- paged attention (FlashAttention-2 style) ----
+// Paged causal grouped-query attention over one layer's block pools.
+// q:       [n_q, n_heads, head_dim] f32, queries at positions q_pos0 .. q_pos0 + n_q - 1
+// k_pool, v_pool: [n_blocks_total][block_size][n_kv_heads][head_dim] f32
+// block_table: [ceil(n_kv_tokens / block_size)] physical block ids; token t lives in block
+//              block_table[t / block_size], slot t % block_size. No other pool slot is read.
+// out:     [n_q, n_heads, head_dim]
+// Query i attends keys j <= q_pos0 + i (j < n_kv_tokens) and, when window > 0,
+// (q_pos0 + i) - j < window; a query that sees no key gets 0. n_heads % n_kv_heads == 0.
+// Keys/values stream through fixed tiles with an online softmax: extra memory is O(tile) per
+// thread, never O(context) or O(context^2), and nothing is allocated. Few-query calls (decode)
+// split the context across threads (split-K) and merge the partial softmaxes.
+void paged_attention(const float* q, const float* k_pool, const float* v_pool,
+                     const int32_t* block_table, float* out, int64_t n_q, int64_t q_pos0,
+                     int64_t n_kv_tokens, int64_t block_size, int64_t n_heads, int64_t n_kv_heads,
+                     int64_t head_dim, int64_t window, float scale);
+// The same with the split-K factor fixed: n_splits key chunks per work unit (1 = unsplit,
+// 0 = automatic, as paged_attention). For tests and benchmarks; capped by a fixed workspace.
+void paged_attention_split(const float* q, const float* k_pool, const float* v_pool,
+                           const int32_t* block_table, float* out, int64_t n_q, int64_t q_pos0,
+                           int64_t n_kv_tokens, int64_t block_size, int64_t n_heads,
+                           int64_t n_kv_heads, int64_t head_dim, int64_t window, float scale,
+                           int64_t n_splits);
+// Scalar reference: one key at a time through the block table, double accumulation.
+void paged_attention_ref(const float* q, const float* k_pool, const float* v_pool,
+                         const int32_t* block_table, float* out, int64_t n_q, int64_t q_pos0,
+                         int64_t n_kv_tokens, int64_t block_size, int64_t n_heads,
+                         int64_t n_kv_heads, int64_t head_dim, int64_t window, float scale);
+
 // Converts n elements of type wt to f32 (embedding rows, norms).
 void to_f32(const void* src, WType wt, float* dst, int64_t n);
 

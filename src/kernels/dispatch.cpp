@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include "cpu/cpu_kernels.h"
+#include "cpu/flash_attention.h"
 #include "kvboost/common.h"
 
 namespace kvboost::kernels {
@@ -41,6 +42,27 @@ void attention(const float* q, const float* k, const float* v, float* out, int64
                                head_dim, window, scale, scratch);
   cpu::attention_scalar(q, k, v, out, n_q, q_pos0, n_kv_tokens, n_heads, n_kv_heads, head_dim,
                         window, scale, scratch);
+}
+
+void paged_attention_split(const float* q, const float* k_pool, const float* v_pool,
+                           const int32_t* block_table, float* out, int64_t n_q, int64_t q_pos0,
+                           int64_t n_kv_tokens, int64_t block_size, int64_t n_heads,
+                           int64_t n_kv_heads, int64_t head_dim, int64_t window, float scale,
+                           int64_t n_splits) {
+  if (active_isa() >= Isa::Avx2)
+    return cpu::paged_attention_avx2(q, k_pool, v_pool, block_table, out, n_q, q_pos0, n_kv_tokens,
+                                     block_size, n_heads, n_kv_heads, head_dim, window, scale,
+                                     n_splits);
+  cpu::paged_attention_scalar(q, k_pool, v_pool, block_table, out, n_q, q_pos0, n_kv_tokens,
+                              block_size, n_heads, n_kv_heads, head_dim, window, scale, n_splits);
+}
+
+void paged_attention(const float* q, const float* k_pool, const float* v_pool,
+                     const int32_t* block_table, float* out, int64_t n_q, int64_t q_pos0,
+                     int64_t n_kv_tokens, int64_t block_size, int64_t n_heads, int64_t n_kv_heads,
+                     int64_t head_dim, int64_t window, float scale) {
+  paged_attention_split(q, k_pool, v_pool, block_table, out, n_q, q_pos0, n_kv_tokens, block_size,
+                        n_heads, n_kv_heads, head_dim, window, scale, /*n_splits=*/0);
 }
 
 }  // namespace kvboost::kernels
