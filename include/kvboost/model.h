@@ -102,8 +102,20 @@ struct Weight {
   int64_t rows = 0, cols = 0;  // [rows, cols]; vectors have rows == 1
 };
 
-// Per-sequence K/V storage, contiguous: k/v[layer] is [capacity, n_kv_heads, head_dim] f32.
-// (Paged storage shared between sequences replaces this in the paged-KV work.)
+// Where one sequence's K/V live, as plain pointers: per layer a pool laid out
+// [n_blocks][block_size][n_kv_heads][head_dim] f32, and the sequence's block table (token at
+// position p is in block block_table[p / block_size], row p % block_size). The kv module's
+// PagedKvStorage provides this for paged memory; KvCache below is the one-block special case.
+struct KvView {
+  float* const* k_pools = nullptr;  // [n_layers]
+  float* const* v_pools = nullptr;  // [n_layers]
+  const int32_t* block_table = nullptr;  // covers positions [0, n_past + n_new)
+  int64_t block_size = 0;
+  int64_t n_past = 0;  // tokens whose K/V are already stored (positions 0 .. n_past-1)
+};
+
+// A contiguous per-sequence K/V cache: k/v[layer] is [capacity, n_kv_heads, head_dim] f32 —
+// one block of `capacity` tokens. For tools and tests; the engine uses paged memory.
 class KvCache {
  public:
   KvCache(const ModelConfig& cfg, int64_t capacity);
@@ -111,13 +123,16 @@ class KvCache {
   int64_t size() const { return size_; }  // tokens stored
   void clear() { size_ = 0; }
   void truncate(int64_t n) { size_ = n < size_ ? n : size_; }
-  float* k(int64_t layer) { return k_.data() + layer * layer_stride_; }
-  float* v(int64_t layer) { return v_.data() + layer * layer_stride_; }
+  float* k(int64_t layer) { return k_ptrs_[size_t(layer)]; }
+  float* v(int64_t layer) { return v_ptrs_[size_t(layer)]; }
   void set_size(int64_t n) { size_ = n; }
+  KvView view() const;
 
  private:
   int64_t capacity_, size_ = 0, layer_stride_;
   std::vector<float> k_, v_;
+  std::vector<float*> k_ptrs_, v_ptrs_;
+  int32_t block0_ = 0;
 };
 
 struct LoadOptions {
@@ -134,9 +149,13 @@ class Model {
   const std::string& dir() const { return dir_; }
   size_t weight_bytes() const;
 
-  // Runs tokens[0..n) at positions kv.size() .. kv.size()+n-1, appends their K/V to kv, and
-  // writes logits: [n, vocab] when all_logits, else [vocab] for the last token only.
-  // Throws Error if kv lacks room.
+  // Runs tokens[0..n) at positions kv.n_past .. kv.n_past+n-1, writes their K/V into the
+  // slots the block table names, attends over positions [0, kv.n_past + n), and writes logits:
+  // [n, vocab] when all_logits, else [vocab] for the last token only. Thread-safe: forward
+  // keeps no state in the Model.
+  void forward(const int32_t* tokens, int64_t n, const KvView& kv, float* logits,
+               bool all_logits = false) const;
+  // The same over a contiguous cache, appending at kv.size(). Throws Error if kv lacks room.
   void forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logits,
                bool all_logits = false) const;
 

@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "kvboost/kv.h"
 #include "kvboost/model.h"
 #include "kvboost/tokenizer.h"
 
@@ -61,6 +63,8 @@ struct GenerateOptions {
   std::vector<std::string> stop;       // stop strings; never part of the returned text
   bool add_special = true;             // BOS/EOS per the tokenizer's post-processor
   bool ignore_eos = false;             // keep going past eos_token_id (benchmarks)
+  bool prefix_cache = true;            // reuse cached K/V of the prompt's longest cached prefix
+  std::string cache_namespace;         // tenant: caches of different namespaces never mix
   // Called with each piece of final text as it is produced; return false to stop early.
   std::function<bool(std::string_view)> on_text;
 };
@@ -70,33 +74,57 @@ struct GenerateResult {
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> output_ids;     // generated ids, the stop/eos id included if sampled
   std::string finish_reason;           // "stop" (eos or stop string), "length", "cancelled"
+  int64_t n_cached = 0;                // prompt tokens whose K/V came from the prefix cache
   double ttft_ms = 0;                  // prompt in -> first token sampled
   double prefill_ms = 0;
   double decode_ms = 0;                // after the first token
   int n_prompt() const { return int(prompt_ids.size()); }
-  double prefill_tok_per_s() const { return prefill_ms > 0 ? prompt_ids.size() * 1000.0 / prefill_ms : 0; }
+  // prompt tokens computed (cached ones excluded) per second of prefill
+  double prefill_tok_per_s() const { return prefill_ms > 0 ? double(prompt_ids.size() - size_t(n_cached)) * 1000.0 / prefill_ms : 0; }
   double decode_tok_per_s() const {
     return decode_ms > 0 && output_ids.size() > 1 ? (output_ids.size() - 1) * 1000.0 / decode_ms : 0;
   }
 };
 
+struct EngineOptions {
+  LoadOptions load;
+  // Paged KV memory: blocks of block_size tokens, as many as fit in kv_budget_bytes (K and V,
+  // all layers, f32). 0 = enough for the model's whole context, capped at 2 GiB. Memory is
+  // reserved, not committed: untouched blocks cost nothing.
+  int64_t block_size = kv::kDefaultBlockSize;
+  size_t kv_budget_bytes = 0;
+};
+
 class Engine {
  public:
   // Loads DIR (config, weights, tokenizer). A directory with tokenizer files only is not enough.
-  static std::unique_ptr<Engine> load(const std::string& dir, const LoadOptions& opt = {});
+  static std::unique_ptr<Engine> load(const std::string& dir, const EngineOptions& opt = {});
+  ~Engine();
 
   const Model& model() const { return *model_; }
   const Tokenizer& tokenizer() const { return tok_; }
   // Context length: max_position_embeddings.
   int64_t context_length() const;
 
-  GenerateResult generate(std::string_view prompt, const GenerateOptions& opt) const;
-  GenerateResult generate_ids(const std::vector<int32_t>& prompt_ids, const GenerateOptions& opt) const;
+  // Requests run one at a time (a mutex serialises them); each reuses the K/V of the longest
+  // cached prefix of its prompt, and leaves its own full blocks cached for later requests.
+  GenerateResult generate(std::string_view prompt, const GenerateOptions& opt);
+  GenerateResult generate_ids(const std::vector<int32_t>& prompt_ids, const GenerateOptions& opt);
+
+  kv::KvStats kv_stats() const;
+  int64_t kv_block_size() const { return block_size_; }
 
  private:
-  Engine(std::unique_ptr<Model> m, Tokenizer t);
+  Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt);
+  GenerateResult run(const std::vector<int32_t>& ids, const GenerateOptions& opt, kv::SeqId seq);
   std::unique_ptr<Model> model_;
   Tokenizer tok_;
+  int64_t block_size_;
+  mutable std::mutex mu_;
+  std::unique_ptr<kv::KvCacheManager> kv_;
+  std::unique_ptr<kv::PagedKvStorage> store_;
+  std::vector<float*> k_pools_, v_pools_;
+  kv::SeqId next_seq_ = 1;
 };
 
 // Stop-string matching over streamed text: text is released only once it cannot be the start

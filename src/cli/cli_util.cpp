@@ -42,8 +42,22 @@ std::string resolve_model_dir(const std::string& dir, bool quiet) {
   return d;
 }
 
-std::unique_ptr<Engine> load_engine(const std::string& dir, bool quiet) {
-  LoadOptions opt;
+size_t parse_bytes(const std::string& s, const std::string& what) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  std::string unit(end);
+  double mul = 1;
+  if (unit == "" || unit == "B") mul = 1;
+  else if (unit == "K" || unit == "KiB" || unit == "k") mul = 1024.0;
+  else if (unit == "M" || unit == "MiB") mul = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB") mul = 1024.0 * 1024 * 1024;
+  else fail(what, ": \"", s, "\" is not a byte count (e.g. 512MiB, 2GiB)");
+  if (end == s.c_str() || !(v > 0)) fail(what, ": \"", s, "\" is not a positive byte count");
+  return size_t(v * mul);
+}
+
+std::unique_ptr<Engine> load_engine(const std::string& dir, bool quiet, EngineOptions eopt) {
+  LoadOptions& opt = eopt.load;
   const bool tty = isatty(STDERR_FILENO);
   double last = 0;
   if (!quiet) {
@@ -60,7 +74,7 @@ std::unique_ptr<Engine> load_engine(const std::string& dir, bool quiet) {
                      done / 1048576.0, total / 1048576.0, done == total ? "\n" : "");
     };
   }
-  return Engine::load(dir, opt);
+  return Engine::load(dir, eopt);
 }
 
 std::string read_stdin() {

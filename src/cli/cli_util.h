@@ -13,7 +13,9 @@ std::string default_model_dir();
 // Returns `dir` if given, else the demo model directory, generating it on first use.
 std::string resolve_model_dir(const std::string& dir, bool quiet);
 // Loads an engine, drawing a progress line on stderr while weights are paged in.
-std::unique_ptr<Engine> load_engine(const std::string& dir, bool quiet);
+std::unique_ptr<Engine> load_engine(const std::string& dir, bool quiet, EngineOptions opt = {});
+// Parses a byte count with an optional K/M/G/KiB/MiB/GiB suffix ("512MiB", "2G").
+size_t parse_bytes(const std::string& s, const std::string& what);
 // Reads all of standard input as bytes.
 std::string read_stdin();
 

@@ -16,6 +16,11 @@ struct GenerateArgs {
   std::vector<std::string> stop;
   bool no_special = false, ignore_eos = false, quiet = false, no_echo = false;
   int threads = 0;
+  int64_t block_size = 16;
+  std::string kv_budget;
+  bool no_prefix_cache = false, stats = false;
+  std::string cache_namespace;
+  int repeat = 1;
 };
 
 void run_generate(const GenerateArgs& a) {
@@ -24,7 +29,10 @@ void run_generate(const GenerateArgs& a) {
   if (!a.prompt_file.empty()) prompt = read_file(a.prompt_file);
   else if (prompt.empty()) fail("no prompt: give -p TEXT or -f FILE");
   const std::string dir = resolve_model_dir(a.model, a.quiet);
-  auto engine = load_engine(dir, a.quiet);
+  EngineOptions eopt;
+  eopt.block_size = a.block_size;
+  if (!a.kv_budget.empty()) eopt.kv_budget_bytes = parse_bytes(a.kv_budget, "--kv-budget");
+  auto engine = load_engine(dir, a.quiet, eopt);
 
   GenerateOptions opt;
   opt.max_new_tokens = a.max_tokens;
@@ -37,26 +45,31 @@ void run_generate(const GenerateArgs& a) {
   opt.stop = a.stop;
   opt.add_special = !a.no_special;
   opt.ignore_eos = a.ignore_eos;
+  opt.prefix_cache = !a.no_prefix_cache;
+  opt.cache_namespace = a.cache_namespace;
   opt.on_text = [](std::string_view s) {
     std::fwrite(s.data(), 1, s.size(), stdout);
     std::fflush(stdout);
     return true;
   };
-  if (!a.no_echo) {
-    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+  for (int rep = 0; rep < a.repeat; ++rep) {
+    if (!a.no_echo) {
+      std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+      std::fflush(stdout);
+    }
+    GenerateResult r = engine->generate(prompt, opt);
+    std::fputc('\n', stdout);
     std::fflush(stdout);
+    if (!a.quiet) {
+      std::fprintf(stderr,
+                   "prompt tokens: %d (%lld from the prefix cache) | generated tokens: %zu (%s) | time to first token: %.1f ms\n"
+                   "prefill: %.1f tokens/s (%.1f ms) | decode: %.2f tokens/s (%.1f ms) | threads: %d | isa: %s\n",
+                   r.n_prompt(), (long long)r.n_cached, r.output_ids.size(), r.finish_reason.c_str(), r.ttft_ms,
+                   r.prefill_tok_per_s(), r.prefill_ms, r.decode_tok_per_s(),
+                   r.decode_ms, num_threads(), isa_name(active_isa()));
+    }
   }
-  GenerateResult r = engine->generate(prompt, opt);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
-  if (!a.quiet) {
-    std::fprintf(stderr,
-                 "prompt tokens: %d | generated tokens: %zu (%s) | time to first token: %.1f ms\n"
-                 "prefill: %.1f tokens/s (%.1f ms) | decode: %.2f tokens/s (%.1f ms) | threads: %d | isa: %s\n",
-                 r.n_prompt(), r.output_ids.size(), r.finish_reason.c_str(), r.ttft_ms,
-                 r.prefill_tok_per_s(), r.prefill_ms, r.decode_tok_per_s(), r.decode_ms, num_threads(),
-                 isa_name(active_isa()));
-  }
+  if (a.stats) std::fprintf(stderr, "kv cache: %s\n", engine->kv_stats().to_string().c_str());
 }
 }  // namespace
 
@@ -81,6 +94,12 @@ void add_generate(CLI::App& app) {
   c->add_flag("--no-echo", a->no_echo, "Print only the completion, not the prompt before it");
   c->add_option("--threads", a->threads, "Worker threads (default: all cores)");
   c->add_flag("-q,--quiet", a->quiet, "No progress or statistics on stderr");
+  c->add_option("--block-size", a->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--kv-budget", a->kv_budget, "Bytes of KV memory, e.g. 512MiB (default: the whole context, at most 2GiB)");
+  c->add_flag("--no-prefix-cache", a->no_prefix_cache, "Do not reuse cached K/V of earlier requests");
+  c->add_option("--cache-namespace", a->cache_namespace, "Tenant: K/V cached under one namespace is never reused by another");
+  c->add_option("--repeat", a->repeat, "Run the same request this many times (later runs hit the prefix cache)")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_flag("--stats", a->stats, "Print KV cache statistics (blocks used, cached, hit rate) at the end");
   c->callback([a]() { run_generate(*a); });
 }
 

@@ -86,6 +86,27 @@ KvCache::KvCache(const ModelConfig& cfg, int64_t capacity)
     : capacity_(capacity), layer_stride_(capacity * cfg.n_kv_heads * cfg.head_dim) {
   k_.assign(size_t(layer_stride_ * cfg.n_layers), 0.0f);
   v_.assign(size_t(layer_stride_ * cfg.n_layers), 0.0f);
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    k_ptrs_.push_back(k_.data() + l * layer_stride_);
+    v_ptrs_.push_back(v_.data() + l * layer_stride_);
+  }
+}
+
+KvView KvCache::view() const {
+  KvView v;
+  v.k_pools = k_ptrs_.data();
+  v.v_pools = v_ptrs_.data();
+  v.block_table = &block0_;
+  v.block_size = capacity_;
+  v.n_past = size_;
+  return v;
+}
+
+void Model::forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logits, bool all_logits) const {
+  if (kv.size() + n > kv.capacity())
+    fail("forward: ", kv.size() + n, " tokens exceed the KV cache capacity of ", kv.capacity());
+  forward(tokens, n, kv.view(), logits, all_logits);
+  kv.set_size(kv.size() + n);
 }
 
 Model::Model() = default;
@@ -151,14 +172,12 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
   return m;
 }
 
-void Model::forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logits, bool all_logits) const {
+void Model::forward(const int32_t* tokens, int64_t n, const KvView& kv, float* logits, bool all_logits) const {
   const ModelConfig& c = cfg_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, half = hd / 2;
   const int64_t nq = c.n_heads * hd, nkv = c.n_kv_heads * hd;
-  const int64_t pos0 = kv.size();
+  const int64_t pos0 = kv.n_past;
   if (n <= 0) fail("forward: no tokens");
-  if (pos0 + n > kv.capacity())
-    fail("forward: ", pos0 + n, " tokens exceed the KV cache capacity of ", kv.capacity());
   for (int64_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
       fail("token id ", tokens[i], " is outside the vocabulary [0, ", c.vocab_size, ")");
@@ -167,7 +186,6 @@ void Model::forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logits
   // gate/up [n, I].
   std::vector<float> x(size_t(n * H)), h(size_t(n * H)), q(size_t(n * nq)), k(size_t(n * nkv)),
       v(size_t(n * nkv)), att(size_t(n * nq)), gate(size_t(n * I)), up(size_t(n * I));
-  std::vector<float> scratch(size_t(num_threads() * (pos0 + n)));
   std::vector<float> cos(size_t(n * half)), sin(size_t(n * half));
   for (int64_t t = 0; t < n; ++t) {
     kernels::to_f32(static_cast<const uint8_t*>(embed_.data) + size_t(tokens[t]) * H * kernels::wtype_size(embed_.type),
@@ -194,10 +212,14 @@ void Model::forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logits
     }
     kernels::rope_rotate_half(q.data(), cos.data(), sin.data(), n, c.n_heads, hd);
     kernels::rope_rotate_half(k.data(), cos.data(), sin.data(), n, c.n_kv_heads, hd);
-    std::memcpy(kv.k(l) + pos0 * nkv, k.data(), size_t(n * nkv) * sizeof(float));
-    std::memcpy(kv.v(l) + pos0 * nkv, v.data(), size_t(n * nkv) * sizeof(float));
-    kernels::attention(q.data(), kv.k(l), kv.v(l), att.data(), n, pos0, pos0 + n, c.n_heads,
-                       c.n_kv_heads, hd, L.window, scale, scratch.data());
+    for (int64_t t = 0; t < n; ++t) {  // K/V of position pos0 + t into its slot
+      const int64_t p = pos0 + t;
+      const int64_t slot = int64_t(kv.block_table[p / kv.block_size]) * kv.block_size + p % kv.block_size;
+      std::memcpy(kv.k_pools[l] + slot * nkv, &k[size_t(t * nkv)], size_t(nkv) * sizeof(float));
+      std::memcpy(kv.v_pools[l] + slot * nkv, &v[size_t(t * nkv)], size_t(nkv) * sizeof(float));
+    }
+    kernels::paged_attention(q.data(), kv.k_pools[l], kv.v_pools[l], kv.block_table, att.data(), n,
+                             pos0, pos0 + n, kv.block_size, c.n_heads, c.n_kv_heads, hd, L.window, scale);
     kernels::matmul(att.data(), L.wo.data, L.wo.type, bias(L.o_bias), h.data(), n, H, nq);
     for (size_t i = 0; i < x.size(); ++i) x[i] += h[i];
 
@@ -208,8 +230,6 @@ void Model::forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logits
     kernels::matmul(gate.data(), L.w_down.data, L.w_down.type, nullptr, h.data(), n, H, I);
     for (size_t i = 0; i < x.size(); ++i) x[i] += h[i];
   }
-  kv.set_size(pos0 + n);
-
   const int64_t first = all_logits ? 0 : n - 1;
   const int64_t rows = n - first;
   kernels::rms_norm(&x[size_t(first * H)], final_norm_store_.data(), h.data(), rows, H, eps);

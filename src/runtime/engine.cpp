@@ -1,37 +1,76 @@
-// Engine: prefill the whole prompt in one batched forward pass, then decode one token at a
-// time over the KV cache, streaming text that is final (whole UTF-8 characters, never the
-// start of a stop string).
+// Engine: paged KV memory with automatic prefix caching; prefill the uncached part of the prompt
+// in one batched forward pass, then decode one token at a time, streaming text that is final
+// (whole UTF-8 characters, never the start of a stop string).
 #include <algorithm>
 
 #include "kvboost/runtime.h"
 
 namespace kvboost {
 
-Engine::Engine(std::unique_ptr<Model> m, Tokenizer t) : model_(std::move(m)), tok_(std::move(t)) {}
+Engine::Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt)
+    : model_(std::move(m)), tok_(std::move(t)), block_size_(opt.block_size) {
+  const ModelConfig& c = model_->config();
+  if (block_size_ <= 0) fail("block size ", block_size_, " must be positive");
+  size_t budget = opt.kv_budget_bytes;
+  if (budget == 0) {
+    const size_t per_token = size_t(2 * c.n_layers * c.n_kv_heads * c.head_dim) * sizeof(float);
+    budget = std::min<size_t>(per_token * size_t(c.max_position_embeddings + block_size_), size_t(2) << 30);
+  }
+  const int64_t n_blocks = kv::BlockPool::blocks_for_budget(budget, block_size_, c.n_layers, c.n_kv_heads, c.head_dim);
+  if (n_blocks < 1) fail("KV budget of ", budget, " bytes holds no block of ", block_size_, " tokens");
+  kv_ = std::make_unique<kv::KvCacheManager>(n_blocks, block_size_);
+  store_ = std::make_unique<kv::PagedKvStorage>(n_blocks, block_size_, c.n_layers, c.n_kv_heads, c.head_dim);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    k_pools_.push_back(store_->k_pool(l));
+    v_pools_.push_back(store_->v_pool(l));
+  }
+}
 
-std::unique_ptr<Engine> Engine::load(const std::string& dir, const LoadOptions& opt) {
+Engine::~Engine() = default;
+
+std::unique_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions& opt) {
   Tokenizer tok = Tokenizer::from_dir(dir);
-  auto model = Model::load(dir, opt);
+  auto model = Model::load(dir, opt.load);
   if (tok.vocab_size() > model->config().vocab_size)
     fail(dir, ": tokenizer.json has ", tok.vocab_size(), " tokens but config.json vocab_size is ",
          model->config().vocab_size);
-  return std::unique_ptr<Engine>(new Engine(std::move(model), std::move(tok)));
+  return std::unique_ptr<Engine>(new Engine(std::move(model), std::move(tok), opt));
 }
 
 int64_t Engine::context_length() const { return model_->config().max_position_embeddings; }
 
-GenerateResult Engine::generate(std::string_view prompt, const GenerateOptions& opt) const {
+kv::KvStats Engine::kv_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kv_->stats();
+}
+
+GenerateResult Engine::generate(std::string_view prompt, const GenerateOptions& opt) {
   return generate_ids(tok_.encode(prompt, opt.add_special), opt);
 }
 
-GenerateResult Engine::generate_ids(const std::vector<int32_t>& ids, const GenerateOptions& opt) const {
-  const ModelConfig& cfg = model_->config();
+GenerateResult Engine::generate_ids(const std::vector<int32_t>& ids, const GenerateOptions& opt) {
   if (ids.empty()) fail("the prompt is empty (no tokens)");
   if (opt.max_new_tokens < 0) fail("max_new_tokens = ", opt.max_new_tokens, " must be >= 0");
   const int64_t ctx = context_length();
   if (int64_t(ids.size()) >= ctx)
     fail("the prompt has ", ids.size(), " tokens but the model's context is ", ctx,
          " (max_position_embeddings): no room to generate");
+  std::lock_guard<std::mutex> lock(mu_);
+  const kv::SeqId seq = next_seq_++;
+  // The sequence's blocks go back to the pool (staying cached) however the request ends.
+  struct Release {
+    kv::KvCacheManager* kv;
+    kv::SeqId seq;
+    ~Release() {
+      if (kv->has_seq(seq)) kv->free(seq);
+    }
+  } release{kv_.get(), seq};
+  return run(ids, opt, seq);
+}
+
+GenerateResult Engine::run(const std::vector<int32_t>& ids, const GenerateOptions& opt, kv::SeqId seq) {
+  const ModelConfig& cfg = model_->config();
+  const int64_t ctx = context_length();
   Sampler sampler(resolve_sampling(opt.sampling, cfg.generation));
   std::vector<int32_t> eos = cfg.eos_token_ids;
   if (eos.empty() && tok_.eos_id()) eos.push_back(*tok_.eos_id());
@@ -40,15 +79,33 @@ GenerateResult Engine::generate_ids(const std::vector<int32_t>& ids, const Gener
   r.prompt_ids = ids;
   r.finish_reason = "length";
   if (opt.max_new_tokens == 0) return r;
-  KvCache kv(cfg, std::min<int64_t>(ctx, int64_t(ids.size()) + opt.max_new_tokens));
+
+  // Without prefix caching no block is ever registered under this namespace, so nothing is hit.
+  const std::string ns = opt.prefix_cache ? "u:" + opt.cache_namespace : std::string("\x01uncached");
+  const double t0 = now_ms();
+  auto alloc = kv_->allocate_for_prompt(seq, ids, ns);
+  if (!alloc)
+    fail("KV memory exhausted: the prompt needs ", (ids.size() + block_size_ - 1) / block_size_, " blocks of ",
+         block_size_, " tokens but the pool has ", kv_->stats().blocks_free, " free (raise the KV budget)");
+  for (const auto& c : alloc->copies) store_->copy_block(c.src, c.dst);
+  r.n_cached = alloc->n_cached;
+  auto view = [&](int64_t n_past) {
+    KvView v;
+    v.k_pools = k_pools_.data();
+    v.v_pools = v_pools_.data();
+    v.block_table = kv_->block_table(seq).data();
+    v.block_size = block_size_;
+    v.n_past = n_past;
+    return v;
+  };
   std::vector<float> logits(size_t(cfg.vocab_size));
+  model_->forward(ids.data() + r.n_cached, int64_t(ids.size()) - r.n_cached, view(r.n_cached), logits.data());
+  if (opt.prefix_cache) kv_->commit_full_blocks(seq, ids);
+  r.prefill_ms = now_ms() - t0;
+
   StreamDecoder dec(tok_, /*skip_special=*/true);
   StopMatcher stop(opt.stop);
   std::vector<int32_t> history = ids;
-
-  const double t0 = now_ms();
-  model_->forward(ids.data(), int64_t(ids.size()), kv, logits.data());
-  r.prefill_ms = now_ms() - t0;
   double t_first = 0;
   bool cancelled = false;
   auto emit = [&](const std::string& s) {
@@ -79,7 +136,12 @@ GenerateResult Engine::generate_ids(const std::vector<int32_t>& ids, const Gener
     }
     // prompt + output never exceed the context (max_position_embeddings)
     if (i + 1 == opt.max_new_tokens || int64_t(history.size()) >= ctx) break;
-    model_->forward(&tok, 1, kv, logits.data());
+    auto slot = kv_->append_slot(seq);
+    if (!slot)
+      fail("KV memory exhausted after ", history.size() - 1, " tokens (raise the KV budget)");
+    if (slot->copy) store_->copy_block(slot->copy->src, slot->copy->dst);
+    model_->forward(&tok, 1, view(int64_t(history.size()) - 1), logits.data());
+    if (opt.prefix_cache) kv_->commit_full_blocks(seq, history);
   }
   if (!stop.stopped() && !cancelled) {
     emit(stop.push(dec.finish()));

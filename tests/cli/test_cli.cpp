@@ -1,5 +1,6 @@
 // The kvboost program as a user runs it: real processes, stdout/stderr and exit codes.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -16,7 +17,10 @@ struct Proc {
 };
 
 Proc run(const std::string& args, const std::string& stdin_data = "") {
-  const std::string dir = kvboost::test::make_temp_dir("cli_run");
+  // unique per process and call: ctest runs these test cases in parallel processes
+  static int counter = 0;
+  const std::string dir = kvboost::test::make_temp_dir("cli_run_" + std::to_string(getpid()) + "_" +
+                                                       std::to_string(counter++));
   const std::string in = dir + "/in", out = dir + "/out", err = dir + "/err";
   { std::ofstream(in, std::ios::binary) << stdin_data; }
   const std::string cmd = std::string(KVBOOST_CLI) + " " + args + " <" + in + " >" + out + " 2>" + err;

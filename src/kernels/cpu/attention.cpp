@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#define KVBOOST_ISA_NS scalar_impl
 #include "cpu/attention_impl.h"
 #include "cpu/cpu_kernels.h"
 
@@ -13,7 +14,7 @@ namespace cpu {
 void attention_scalar(const float* q, const float* k, const float* v, float* out, int64_t n_q,
                       int64_t q_pos0, int64_t n_kv_tokens, int64_t n_heads, int64_t n_kv_heads,
                       int64_t head_dim, int64_t window, float scale, float* scratch) {
-  impl::attention(q, k, v, out, n_q, q_pos0, n_kv_tokens, n_heads, n_kv_heads, head_dim, window,
+  scalar_impl::attention(q, k, v, out, n_q, q_pos0, n_kv_tokens, n_heads, n_kv_heads, head_dim, window,
                   scale, scratch);
 }
 }  // namespace cpu

@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <limits>
 
-namespace kvboost::kernels::cpu::impl {
+// The includer defines KVBOOST_ISA_NS (scalar, avx2): each build gets its own namespace, so the
+// linker can never merge the AVX2 and baseline copies of these inline functions (ODR).
+namespace kvboost::kernels::cpu::KVBOOST_ISA_NS {
 
 inline void attention(const float* q, const float* k, const float* v, float* out, int64_t n_q,
                       int64_t q_pos0, int64_t n_kv_tokens, int64_t n_heads, int64_t n_kv_heads,
@@ -55,4 +57,4 @@ inline void attention(const float* q, const float* k, const float* v, float* out
   }
 }
 
-}  // namespace kvboost::kernels::cpu::impl
+}  // namespace kvboost::kernels::cpu::KVBOOST_ISA_NS

@@ -3,17 +3,18 @@
 #include <limits>
 
 #include "cpu/cpu_kernels.h"
+#define KVBOOST_ISA_NS scalar_impl
 #include "cpu/elementwise_impl.h"
 
 namespace kvboost::kernels {
 
 void rms_norm_ref(const float* x, const float* w, float* y, int64_t n_rows, int64_t dim,
                   float eps) {
-  cpu::impl::rms_norm(x, w, y, n_rows, dim, eps);
+  cpu::scalar_impl::rms_norm(x, w, y, n_rows, dim, eps);
 }
 
 void silu_mul_ref(const float* gate, const float* up, float* y, int64_t n) {
-  cpu::impl::silu_mul(gate, up, y, n);
+  cpu::scalar_impl::silu_mul(gate, up, y, n);
 }
 
 void rope_rotate_half(float* x, const float* cos, const float* sin, int64_t n_tokens,

@@ -1,15 +1,16 @@
 #include "cpu/cpu_kernels.h"
+#define KVBOOST_ISA_NS avx2_impl
 #include "cpu/elementwise_impl.h"
 
 namespace kvboost::kernels::cpu {
 
 void rms_norm_avx2(const float* x, const float* w, float* y, int64_t n_rows, int64_t dim,
                    float eps) {
-  impl::rms_norm(x, w, y, n_rows, dim, eps);
+  avx2_impl::rms_norm(x, w, y, n_rows, dim, eps);
 }
 
 void silu_mul_avx2(const float* gate, const float* up, float* y, int64_t n) {
-  impl::silu_mul(gate, up, y, n);
+  avx2_impl::silu_mul(gate, up, y, n);
 }
 
 }  // namespace kvboost::kernels::cpu

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdint>
 
-namespace kvboost::kernels::cpu::impl {
+// The includer defines KVBOOST_ISA_NS (scalar, avx2): each build gets its own namespace, so the
+// linker can never merge the AVX2 and baseline copies of these inline functions (ODR).
+namespace kvboost::kernels::cpu::KVBOOST_ISA_NS {
 
 inline void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t dim,
                      float eps) {
@@ -29,4 +31,4 @@ inline void silu_mul(const float* gate, const float* up, float* y, int64_t n) {
   }
 }
 
-}  // namespace kvboost::kernels::cpu::impl
+}  // namespace kvboost::kernels::cpu::KVBOOST_ISA_NS
