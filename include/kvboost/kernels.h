@@ -72,7 +72,20 @@ void paged_attention_split(const float* q, const float* k_pool, const float* v_p
                            const int32_t* block_table, float* out, int64_t n_q, int64_t q_pos0,
                            int64_t n_kv_tokens, int64_t block_size, int64_t n_heads,
                            int64_t n_kv_heads, int64_t head_dim, int64_t window, float scale,
-                           int64_t n_splits);
+                           int64_t n_splits, float* lse = nullptr);
+// paged_attention that also writes each row's log-sum-exp of its scaled scores
+// (lse: [n_q, n_heads]; -inf for a row that sees no key), so that results over disjoint key
+// ranges can be merged exactly with attention_merge (attention over K/V that do not all fit in
+// memory at once: cold-block spill). Keys of a range [k0, k1) are passed as the sub-problem
+// block_table + k0 / block_size, n_kv_tokens = k1 - k0, q_pos0 - k0 (k0 a multiple of block_size).
+void paged_attention_lse(const float* q, const float* k_pool, const float* v_pool,
+                         const int32_t* block_table, float* out, float* lse, int64_t n_q,
+                         int64_t q_pos0, int64_t n_kv_tokens, int64_t block_size, int64_t n_heads,
+                         int64_t n_kv_heads, int64_t head_dim, int64_t window, float scale);
+// out/lse ([n_rows, head_dim] / [n_rows]) become the attention over the union of their keys and
+// out_part/lse_part's (a log-sum-exp weighted average). lse = -inf means "no keys yet".
+void attention_merge(float* out, float* lse, const float* out_part, const float* lse_part,
+                     int64_t n_rows, int64_t head_dim);
 // Scalar reference: one key at a time through the block table, double accumulation.
 void paged_attention_ref(const float* q, const float* k_pool, const float* v_pool,
                          const int32_t* block_table, float* out, int64_t n_q, int64_t q_pos0,

@@ -1,6 +1,10 @@
 // The one place where a kernel version is chosen (kvboost::active_isa(), KVBOOST_ISA override).
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include "cpu/cpu_kernels.h"
 #include "cpu/flash_attention.h"
 #include "kvboost/common.h"
@@ -48,13 +52,40 @@ void paged_attention_split(const float* q, const float* k_pool, const float* v_p
                            const int32_t* block_table, float* out, int64_t n_q, int64_t q_pos0,
                            int64_t n_kv_tokens, int64_t block_size, int64_t n_heads,
                            int64_t n_kv_heads, int64_t head_dim, int64_t window, float scale,
-                           int64_t n_splits) {
+                           int64_t n_splits, float* lse) {
   if (active_isa() >= Isa::Avx2)
     return cpu::paged_attention_avx2(q, k_pool, v_pool, block_table, out, n_q, q_pos0, n_kv_tokens,
                                      block_size, n_heads, n_kv_heads, head_dim, window, scale,
-                                     n_splits);
+                                     n_splits, lse);
   cpu::paged_attention_scalar(q, k_pool, v_pool, block_table, out, n_q, q_pos0, n_kv_tokens,
-                              block_size, n_heads, n_kv_heads, head_dim, window, scale, n_splits);
+                              block_size, n_heads, n_kv_heads, head_dim, window, scale, n_splits, lse);
+}
+
+void paged_attention_lse(const float* q, const float* k_pool, const float* v_pool,
+                         const int32_t* block_table, float* out, float* lse, int64_t n_q,
+                         int64_t q_pos0, int64_t n_kv_tokens, int64_t block_size, int64_t n_heads,
+                         int64_t n_kv_heads, int64_t head_dim, int64_t window, float scale) {
+  paged_attention_split(q, k_pool, v_pool, block_table, out, n_q, q_pos0, n_kv_tokens, block_size,
+                        n_heads, n_kv_heads, head_dim, window, scale, /*n_splits=*/0, lse);
+}
+
+void attention_merge(float* out, float* lse, const float* out_part, const float* lse_part,
+                     int64_t n_rows, int64_t head_dim) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float a = lse[r], b = lse_part[r];
+    if (b == -std::numeric_limits<float>::infinity()) continue;  // the part saw no key
+    float* o = out + r * head_dim;
+    const float* p = out_part + r * head_dim;
+    if (a == -std::numeric_limits<float>::infinity()) {
+      for (int64_t d = 0; d < head_dim; ++d) o[d] = p[d];
+      lse[r] = b;
+      continue;
+    }
+    const float m = std::max(a, b);
+    const float wa = std::exp(a - m), wb = std::exp(b - m), inv = 1.0f / (wa + wb);
+    for (int64_t d = 0; d < head_dim; ++d) o[d] = (o[d] * wa + p[d] * wb) * inv;
+    lse[r] = m + std::log(wa + wb);
+  }
 }
 
 void paged_attention(const float* q, const float* k_pool, const float* v_pool,
@@ -62,7 +93,7 @@ void paged_attention(const float* q, const float* k_pool, const float* v_pool,
                      int64_t n_kv_tokens, int64_t block_size, int64_t n_heads, int64_t n_kv_heads,
                      int64_t head_dim, int64_t window, float scale) {
   paged_attention_split(q, k_pool, v_pool, block_table, out, n_q, q_pos0, n_kv_tokens, block_size,
-                        n_heads, n_kv_heads, head_dim, window, scale, /*n_splits=*/0);
+                        n_heads, n_kv_heads, head_dim, window, scale, /*n_splits=*/0, nullptr);
 }
 
 }  // namespace kvboost::kernels

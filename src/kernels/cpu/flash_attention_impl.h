@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "kvboost/common.h"
 #include "kvboost/kernels.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -67,6 +68,7 @@ struct Problem {
   int64_t hd_pad;  // head_dim rounded up to a multiple of 8: accumulator row stride
   int64_t rows;    // rows per unit (the last unit of a kv head may have fewer)
   int64_t n_row_tiles;
+  float* lse = nullptr;  // optional [n_q, n_heads]: log-sum-exp of each row's scaled scores
 
   int64_t pos_of_row(int64_t r) const { return q_pos0 + r / group; }
   // Keys [lo, hi) that some row of [r0, r1) may see.
@@ -350,10 +352,12 @@ inline void run_unit(const Problem& P, int64_t kvh, int64_t r0, int64_t r1, int6
 }
 
 inline void write_rows(const Problem& P, int64_t kvh, int64_t r0, int64_t r1, const float* acc,
-                       const float* l) {
+                       const float* m, const float* l) {
   for (int64_t r = 0; r < r1 - r0; ++r) {
     const int64_t g = r0 + r;
-    float* o = P.out + ((g / P.group) * P.n_heads + kvh * P.group + g % P.group) * P.head_dim;
+    const int64_t row = (g / P.group) * P.n_heads + kvh * P.group + g % P.group;
+    if (P.lse) P.lse[row] = l[r] > 0.0f ? m[r] + std::log(l[r]) : kNegInf;
+    float* o = P.out + row * P.head_dim;
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;  // l == 0: the row sees no key
     for (int64_t d = 0; d < P.head_dim; ++d) o[d] = acc[r * P.hd_pad + d] * inv;
   }
@@ -365,14 +369,15 @@ inline void paged_attention(const float* q, const float* k_pool, const float* v_
                             const int32_t* block_table, float* out, int64_t n_q, int64_t q_pos0,
                             int64_t n_kv_tokens, int64_t block_size, int64_t n_heads,
                             int64_t n_kv_heads, int64_t head_dim, int64_t window, float scale,
-                            int64_t n_splits) {
+                            int64_t n_splits, float* lse) {
   if (n_q <= 0 || n_heads <= 0 || head_dim <= 0) return;
   Problem P{q, k_pool, v_pool, block_table, out, n_q, q_pos0, n_kv_tokens, block_size, n_heads,
             n_kv_heads, head_dim, window, scale, n_heads / n_kv_heads, (head_dim + 7) & ~int64_t(7),
-            0, 0};
+            0, 0, lse};
   if (P.hd_pad > kAccFloats) {  // beyond the per-thread accumulator: not a real model shape
     paged_attention_ref(q, k_pool, v_pool, block_table, out, n_q, q_pos0, n_kv_tokens, block_size,
                         n_heads, n_kv_heads, head_dim, window, scale);
+    if (lse) fail("paged_attention: log-sum-exp output needs head_dim <= ", kAccFloats);
     return;
   }
   const int64_t row_cap = std::min(kMaxRows, kAccFloats / P.hd_pad);
@@ -425,7 +430,7 @@ inline void paged_attention(const float* q, const float* k_pool, const float* v_
       alignas(32) float acc[kAccFloats];
       float m[kMaxRows], l[kMaxRows];
       run_unit(P, kvh, r0, r1, k0, k1, acc, m, l);
-      write_rows(P, kvh, r0, r1, acc, l);
+      write_rows(P, kvh, r0, r1, acc, m, l);
     }
     return;
   }
@@ -451,8 +456,10 @@ inline void paged_attention(const float* q, const float* k_pool, const float* v_
         for (int64_t s = 0; s < n_splits; ++s)
           mx = std::max(mx, ws[(item * n_splits + s) * unit_ws + P.rows * P.hd_pad + r]);
         const int64_t g = r0 + r;
-        float* o = out + ((g / P.group) * n_heads + kvh * P.group + g % P.group) * head_dim;
+        const int64_t row = (g / P.group) * n_heads + kvh * P.group + g % P.group;
+        float* o = out + row * head_dim;
         for (int64_t d = 0; d < head_dim; ++d) o[d] = 0.0f;
+        if (lse) lse[row] = kNegInf;
         if (mx == kNegInf) continue;  // no split saw a key: the row is 0, as in the reference
         float lsum = 0.0f;
         for (int64_t s = 0; s < n_splits; ++s) {
@@ -465,6 +472,7 @@ inline void paged_attention(const float* q, const float* k_pool, const float* v_
         }
         const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
         for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
+        if (lse && lsum > 0.0f) lse[row] = mx + std::log(lsum);
       }
     }
   }
