@@ -112,6 +112,12 @@ struct KvView {
   const int32_t* block_table = nullptr;  // covers positions [0, n_past + n_new)
   int64_t block_size = 0;
   int64_t n_past = 0;  // tokens whose K/V are already stored (positions 0 .. n_past-1)
+  // Optional, for K/V that do not all fit in fast memory (cold-block spill): before K/V of blocks
+  // [first, first + n) of the table are read or written, forward calls page_in(first, n), which
+  // makes them resident and returns the current block table (valid until the next call).
+  // Attention then runs over ranges of at most range_blocks blocks, merged by log-sum-exp.
+  std::function<const int32_t*(int64_t first, int64_t n)> page_in;
+  int64_t range_blocks = 0;
 };
 
 // A contiguous per-sequence K/V cache: k/v[layer] is [capacity, n_kv_heads, head_dim] f32 —

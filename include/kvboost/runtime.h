@@ -93,6 +93,10 @@ struct EngineOptions {
   // reserved, not committed: untouched blocks cost nothing.
   int64_t block_size = kv::kDefaultBlockSize;
   size_t kv_budget_bytes = 0;
+  // Cold tier: when set, KV blocks that do not fit in kv_budget_bytes spill to a file under this
+  // directory and are paged back, range by range, when attention needs them; a generation may
+  // then outgrow the hot budget (its prompt must still fit).
+  std::string cold_dir;
 };
 
 class Engine {
@@ -123,6 +127,7 @@ class Engine {
   mutable std::mutex mu_;
   std::unique_ptr<kv::KvCacheManager> kv_;
   std::unique_ptr<kv::PagedKvStorage> store_;
+  std::unique_ptr<kv::FileColdStore> cold_;
   std::vector<float*> k_pools_, v_pools_;
   kv::SeqId next_seq_ = 1;
 };

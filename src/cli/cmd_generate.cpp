@@ -17,7 +17,7 @@ struct GenerateArgs {
   bool no_special = false, ignore_eos = false, quiet = false, no_echo = false;
   int threads = 0;
   int64_t block_size = 16;
-  std::string kv_budget;
+  std::string kv_budget, cold_dir;
   bool no_prefix_cache = false, stats = false;
   std::string cache_namespace;
   int repeat = 1;
@@ -32,6 +32,7 @@ void run_generate(const GenerateArgs& a) {
   EngineOptions eopt;
   eopt.block_size = a.block_size;
   if (!a.kv_budget.empty()) eopt.kv_budget_bytes = parse_bytes(a.kv_budget, "--kv-budget");
+  eopt.cold_dir = a.cold_dir;
   auto engine = load_engine(dir, a.quiet, eopt);
 
   GenerateOptions opt;
@@ -96,6 +97,7 @@ void add_generate(CLI::App& app) {
   c->add_flag("-q,--quiet", a->quiet, "No progress or statistics on stderr");
   c->add_option("--block-size", a->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("--kv-budget", a->kv_budget, "Bytes of KV memory, e.g. 512MiB (default: the whole context, at most 2GiB)");
+  c->add_option("--kv-cold-dir", a->cold_dir, "Spill KV blocks beyond --kv-budget to a file in this directory and page them back when needed");
   c->add_flag("--no-prefix-cache", a->no_prefix_cache, "Do not reuse cached K/V of earlier requests");
   c->add_option("--cache-namespace", a->cache_namespace, "Tenant: K/V cached under one namespace is never reused by another");
   c->add_option("--repeat", a->repeat, "Run the same request this many times (later runs hit the prefix cache)")->capture_default_str()->check(CLI::PositiveNumber);

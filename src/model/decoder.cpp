@@ -1,7 +1,9 @@
 // The Llama-family decoder shared by llama, mistral, qwen2 and qwen3: weight binding with
 // shape/dtype checks, RoPE tables, and the forward pass. Architecture differences are
 // configuration (QKV bias, q/k norm, sliding window, rope scaling), not separate code paths.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 
 #include "kvboost/kernels.h"
@@ -198,6 +200,9 @@ void Model::forward(const int32_t* tokens, int64_t n, const KvView& kv, float* l
   }
   const float scale = 1.0f / std::sqrt(float(hd));
   const float eps = float(c.rms_norm_eps);
+  const int32_t* table = kv.block_table;
+  std::vector<float> part, lse, lse_part;  // range-by-range attention (kv.page_in)
+  if (kv.page_in) part.resize(size_t(n * nq)), lse.resize(size_t(n * c.n_heads)), lse_part.resize(lse.size());
   auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
 
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -212,14 +217,34 @@ void Model::forward(const int32_t* tokens, int64_t n, const KvView& kv, float* l
     }
     kernels::rope_rotate_half(q.data(), cos.data(), sin.data(), n, c.n_heads, hd);
     kernels::rope_rotate_half(k.data(), cos.data(), sin.data(), n, c.n_kv_heads, hd);
+    const int64_t bs = kv.block_size;
+    if (kv.page_in) table = kv.page_in(pos0 / bs, (pos0 + n - 1) / bs - pos0 / bs + 1);
     for (int64_t t = 0; t < n; ++t) {  // K/V of position pos0 + t into its slot
       const int64_t p = pos0 + t;
-      const int64_t slot = int64_t(kv.block_table[p / kv.block_size]) * kv.block_size + p % kv.block_size;
+      const int64_t slot = int64_t(table[p / bs]) * bs + p % bs;
       std::memcpy(kv.k_pools[l] + slot * nkv, &k[size_t(t * nkv)], size_t(nkv) * sizeof(float));
       std::memcpy(kv.v_pools[l] + slot * nkv, &v[size_t(t * nkv)], size_t(nkv) * sizeof(float));
     }
-    kernels::paged_attention(q.data(), kv.k_pools[l], kv.v_pools[l], kv.block_table, att.data(), n,
-                             pos0, pos0 + n, kv.block_size, c.n_heads, c.n_kv_heads, hd, L.window, scale);
+    if (!kv.page_in) {
+      kernels::paged_attention(q.data(), kv.k_pools[l], kv.v_pools[l], table, att.data(), n, pos0,
+                               pos0 + n, bs, c.n_heads, c.n_kv_heads, hd, L.window, scale);
+    } else {
+      // K/V in ranges of blocks, each paged in before use; the scan direction alternates per
+      // layer so that the blocks an LRU hot pool still holds are the ones needed first.
+      const int64_t n_blocks = (pos0 + n + bs - 1) / bs, rb = std::max<int64_t>(1, kv.range_blocks);
+      const int64_t n_ranges = (n_blocks + rb - 1) / rb;
+      std::fill(lse.begin(), lse.end(), -std::numeric_limits<float>::infinity());
+      for (int64_t i = 0; i < n_ranges; ++i) {
+        const int64_t b0 = (l % 2 == 0 ? i : n_ranges - 1 - i) * rb, nb = std::min(rb, n_blocks - b0);
+        const int64_t k0 = b0 * bs, k1 = std::min(pos0 + n, (b0 + nb) * bs);
+        if (L.window > 0 && k1 <= pos0 - L.window + 1) continue;  // outside every query's window
+        table = kv.page_in(b0, nb);
+        kernels::paged_attention_lse(q.data(), kv.k_pools[l], kv.v_pools[l], table + b0, part.data(),
+                                     lse_part.data(), n, pos0 - k0, k1 - k0, bs, c.n_heads, c.n_kv_heads,
+                                     hd, L.window, scale);
+        kernels::attention_merge(att.data(), lse.data(), part.data(), lse_part.data(), n * c.n_heads, hd);
+      }
+    }
     kernels::matmul(att.data(), L.wo.data, L.wo.type, bias(L.o_bias), h.data(), n, H, nq);
     for (size_t i = 0; i < x.size(); ++i) x[i] += h[i];
 

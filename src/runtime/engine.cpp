@@ -24,6 +24,10 @@ Engine::Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt)
     k_pools_.push_back(store_->k_pool(l));
     v_pools_.push_back(store_->v_pool(l));
   }
+  if (!opt.cold_dir.empty()) {
+    cold_ = std::make_unique<kv::FileColdStore>(opt.cold_dir, store_->block_bytes());
+    kv_->attach_cold_tier(store_.get(), cold_.get());
+  }
 }
 
 Engine::~Engine() = default;
@@ -96,6 +100,15 @@ GenerateResult Engine::run(const std::vector<int32_t>& ids, const GenerateOption
     v.block_table = kv_->block_table(seq).data();
     v.block_size = block_size_;
     v.n_past = n_past;
+    if (cold_) {
+      // Half the hot pool per attention range leaves room for the blocks being written.
+      v.range_blocks = std::max<int64_t>(1, store_->n_blocks() / 2);
+      v.page_in = [this, seq](int64_t first, int64_t n) {
+        if (!kv_->ensure_resident(seq, first, n))
+          fail("KV memory exhausted: cannot page in ", n, " blocks (hot pool of ", store_->n_blocks(), " blocks)");
+        return kv_->block_table(seq).data();
+      };
+    }
     return v;
   };
   std::vector<float> logits(size_t(cfg.vocab_size));
