@@ -36,6 +36,12 @@ fi
 export KVBOOST_REQUIRE_ORACLES="$require"
 echo "[test] KVBOOST_REQUIRE_ORACLES=$KVBOOST_REQUIRE_ORACLES, build dir $build_dir, $jobs jobs"
 
+# Dependencies first (idempotent: a few seconds when everything is present), so that this one
+# command does all the set-up on a fresh machine. KVBOOST_SKIP_DEPS=1 skips it.
+if [[ "${KVBOOST_SKIP_DEPS:-0}" != "1" ]]; then
+  bash scripts/install-deps.sh
+fi
+
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build_dir" -j "$jobs"
 ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" "${ctest_args[@]}"
