@@ -95,6 +95,37 @@ void paged_attention_ref(const float* q, const float* k_pool, const float* v_poo
 // Converts n elements of type wt to f32 (embedding rows, norms).
 void to_f32(const void* src, WType wt, float* dst, int64_t n);
 
+// ---- quantized blocks (GGUF / ggml layouts) ----
+// Element types of GGUF tensors; the values are ggml's type ids as stored in the file.
+// Block layouts follow llama.cpp (ggml-common.h); all multi-byte fields are little-endian:
+//   Q8_0: 34 bytes / 32 elements: f16 d, int8 q[32];             x = d * q
+//   Q4_0: 18 bytes / 32 elements: f16 d, uint8 qs[16];           x = d * (nibble - 8), low
+//         nibbles are elements 0..15, high nibbles 16..31
+//   Q4_K: 144 bytes / 256: f16 d, f16 dmin, 12 bytes of 6-bit (scale, min) for 8 sub-blocks of
+//         32, qs[128] (bytes 32c..32c+31 hold sub-block 2c in low nibbles, 2c+1 in high);
+//         x = d*scale_j * q - dmin*min_j
+//   Q5_K: 176 bytes / 256: as Q4_K plus qh[32] before qs: bit j of qh[l] is the 5th bit of
+//         element l of sub-block j
+//   Q6_K: 210 bytes / 256: ql[128], qh[64], int8 scales[16] (one per 16 elements), f16 d;
+//         x = d * scale * (q6 - 32)
+enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, Q4_K = 12, Q5_K = 13,
+                                 Q6_K = 14, BF16 = 30 };
+// True for the types above; `id` is a raw type id from a file.
+bool ggml_type_supported(uint32_t id);
+const char* ggml_type_name(GgmlType t);
+int64_t ggml_block_elems(GgmlType t);  // elements per block (1 for F32/F16/BF16)
+int64_t ggml_block_bytes(GgmlType t);  // bytes per block
+// Bytes of n elements (n a multiple of the block size).
+inline int64_t ggml_row_bytes(GgmlType t, int64_t n) {
+  return n / ggml_block_elems(t) * ggml_block_bytes(t);
+}
+
+// dst[0..n) = the n elements of src (type t) as f32. n must be a multiple of
+// ggml_block_elems(t) (Error otherwise). Bit-exact to the gguf Python package's dequantize
+// (same f32 operations in the same order, no FMA contraction). Single-threaded.
+void dequantize_row(const void* src, GgmlType t, float* dst, int64_t n);
+void dequantize_row_ref(const void* src, GgmlType t, float* dst, int64_t n);
+
 // ---- sampling math (over one row of logits) ----
 // In-place softmax of x[0..n).
 void softmax(float* x, int64_t n);

@@ -96,4 +96,9 @@ void paged_attention(const float* q, const float* k_pool, const float* v_pool,
                         n_heads, n_kv_heads, head_dim, window, scale, /*n_splits=*/0, nullptr);
 }
 
+void dequantize_row(const void* src, GgmlType t, float* dst, int64_t n) {
+  if (active_isa() >= Isa::Avx2) return cpu::dequantize_row_avx2(src, t, dst, n);
+  dequantize_row_ref(src, t, dst, n);
+}
+
 }  // namespace kvboost::kernels

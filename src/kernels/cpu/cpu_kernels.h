@@ -18,3 +18,24 @@ void attention_scalar(const float* q, const float* k, const float* v, float* out
                       int64_t head_dim, int64_t window, float scale, float* scratch);
 
 }  // namespace kvboost::kernels::cpu
+
+namespace kvboost::kernels::cpu {
+
+// ---- quantized blocks ----
+void dequantize_row_avx2(const void* src, GgmlType t, float* dst, int64_t n);
+// Throws Error unless t is supported and n a multiple of its block size.
+void check_dequant_args(GgmlType t, int64_t n);
+// Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes
+// (llama.cpp get_scale_min_k4): j < 4 in the low 6 bits of bytes j and j+4; j >= 4 split
+// between a nibble of byte j+4 and the top 2 bits of bytes j-4 and j.
+inline void k_scale_min(const uint8_t* q, int j, uint8_t& d, uint8_t& m) {
+  if (j < 4) {
+    d = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    d = uint8_t((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+}  // namespace kvboost::kernels::cpu
