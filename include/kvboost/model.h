@@ -61,7 +61,15 @@ struct ModelConfig {
   static ModelConfig from_json(const std::string& config_json,
                                const std::string& generation_config_json = "",
                                const std::string& source = "config.json");
+  // The same hyper-parameters from a GGUF file's metadata (general.architecture llama | qwen2 |
+  // qwen3, <arch>.block_count, .embedding_length, ...; tie = no output.weight tensor).
+  static ModelConfig from_gguf(const std::string& gguf_path);
 };
+
+// The GGUF file a model path names: `path` itself when it is a .gguf file, or the only .gguf
+// file of a directory without config.json; "" when the path is not a GGUF model (Error when
+// a directory holds several .gguf files).
+std::string gguf_model_file(const std::string& path);
 
 // The model_type values this build runs.
 const std::vector<std::string>& supported_model_types();
@@ -82,6 +90,11 @@ class WeightFiles {
  public:
   static WeightFiles open_dir(const std::string& dir);
   static WeightFiles open_file(const std::string& path);  // one .safetensors file
+  // A GGUF model file, its tensors presented under Hugging Face names and shapes
+  // (model.layers.N.self_attn.q_proj.weight [rows, cols], ...). F32/F16/BF16 tensors stay in
+  // the mapping; quantized ones (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) are dequantized once into owned
+  // f32 buffers (no quantized matmul yet); llama's Q/K rows are un-permuted back to HF order.
+  static WeightFiles open_gguf(const std::string& path);
   const TensorInfo* find(const std::string& name) const;
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   size_t total_bytes() const;
@@ -148,6 +161,8 @@ struct LoadOptions {
 
 class Model {
  public:
+  // `dir`: a Hugging Face model directory (safetensors), a .gguf file, or a directory holding
+  // one .gguf file (see gguf_model_file).
   static std::unique_ptr<Model> load(const std::string& dir, const LoadOptions& opt = {});
   ~Model();
 

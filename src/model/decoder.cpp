@@ -119,8 +119,13 @@ size_t Model::weight_bytes() const { return files_.total_bytes(); }
 std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& opt) {
   std::unique_ptr<Model> m(new Model());
   m->dir_ = dir;
-  m->cfg_ = ModelConfig::from_dir(dir);
-  m->files_ = WeightFiles::open_dir(dir);
+  if (const std::string g = gguf_model_file(dir); !g.empty()) {  // GGUF: src/model/gguf_model.cpp
+    m->cfg_ = ModelConfig::from_gguf(g);
+    m->files_ = WeightFiles::open_gguf(g);
+  } else {
+    m->cfg_ = ModelConfig::from_dir(dir);
+    m->files_ = WeightFiles::open_dir(dir);
+  }
   const ModelConfig& c = m->cfg_;
   const WeightFiles& f = m->files_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;

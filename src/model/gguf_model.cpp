@@ -1,0 +1,205 @@
+// Llama-family models from GGUF files: hyper-parameters from the metadata (turned into the
+// config.json fields ModelConfig::from_json already validates) and tensors renamed to the
+// Hugging Face names the decoder binds, so the decoder has one weight-binding path.
+//
+// Two format facts matter here:
+//  - GGUF lists dimensions innermost first (ne[0] = row length): a [rows, cols] nn.Linear
+//    weight is stored with ne = {cols, rows}.
+//  - llama.cpp's converter permutes the rows of Q and K (and their biases) for `llama` so that
+//    its interleaved RoPE (pairs 2i, 2i+1) matches HF's rotate-half (pairs i, i + d/2): within
+//    each head, stored row 2i + j is HF row j * d/2 + i. We undo that so the rotate-half RoPE
+//    is right. qwen2/qwen3 files are written without the permutation.
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gguf.h"
+#include "kvboost/model.h"
+
+namespace kvboost {
+
+using kernels::GgmlType;
+using nlohmann::json;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// GGUF name -> Hugging Face name ("" when the decoder has no use for the tensor).
+std::string hf_name(const std::string& g) {
+  if (g == "token_embd.weight") return "model.embed_tokens.weight";
+  if (g == "output_norm.weight") return "model.norm.weight";
+  if (g == "output.weight") return "lm_head.weight";
+  if (g.rfind("blk.", 0) != 0) return "";
+  const size_t dot = g.find('.', 4);
+  if (dot == std::string::npos) return "";
+  const std::string layer = g.substr(4, dot - 4), rest = g.substr(dot + 1);
+  if (layer.empty() || layer.find_first_not_of("0123456789") != std::string::npos) return "";
+  static const std::pair<const char*, const char*> map[] = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"attn_q.bias", "self_attn.q_proj.bias"},
+      {"attn_k.bias", "self_attn.k_proj.bias"},
+      {"attn_v.bias", "self_attn.v_proj.bias"},
+      {"attn_output.bias", "self_attn.o_proj.bias"},
+      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},
+      {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"},
+  };
+  for (const auto& [from, to] : map)
+    if (rest == from) return "model.layers." + layer + "." + to;
+  return "";
+}
+
+std::string architecture(const gguf::File& f) {
+  const std::string arch = f.get_string("general.architecture");
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3")
+    fail(f.path(), ": general.architecture \"", arch, "\" is not supported (supported: llama, qwen2, qwen3)");
+  return arch;
+}
+
+// Rows [0, n_rows) of `src` (row_bytes each) reordered from llama.cpp's Q/K order back to
+// HF order, per head of head_rows rows.
+void unpermute_rows(const uint8_t* src, uint8_t* dst, int64_t n_rows, int64_t head_rows, size_t row_bytes,
+                    const std::string& where) {
+  if (head_rows % 2 != 0 || n_rows % head_rows != 0)
+    fail(where, ": cannot undo the Q/K row permutation: ", n_rows, " rows are not whole heads of ", head_rows);
+  const int64_t half = head_rows / 2;
+  for (int64_t h = 0; h < n_rows / head_rows; ++h)
+    for (int64_t i = 0; i < half; ++i)
+      for (int64_t j = 0; j < 2; ++j)
+        std::memcpy(dst + size_t(h * head_rows + j * half + i) * row_bytes,
+                    src + size_t(h * head_rows + 2 * i + j) * row_bytes, row_bytes);
+}
+
+}  // namespace
+
+std::string gguf_model_file(const std::string& path) {
+  if (!is_dir(path)) return ends_with(path, ".gguf") ? path : "";
+  if (file_exists(path_join(path, "config.json"))) return "";
+  DIR* d = ::opendir(path.c_str());
+  if (!d) return "";
+  std::vector<std::string> found;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (ends_with(n, ".gguf")) found.push_back(n);
+  }
+  ::closedir(d);
+  if (found.size() > 1)
+    fail(path, ": holds ", found.size(), " .gguf files (", found[0], ", ", found[1], ", ...): name the file to load");
+  return found.empty() ? "" : path_join(path, found[0]);
+}
+
+ModelConfig ModelConfig::from_gguf(const std::string& gguf_path) {
+  gguf::File f(gguf_path);
+  const std::string arch = architecture(f);
+  const std::string a = arch + ".";
+  json j;
+  j["model_type"] = arch;
+  j["hidden_size"] = f.get_int(a + "embedding_length");
+  j["intermediate_size"] = f.get_int(a + "feed_forward_length");
+  j["num_hidden_layers"] = f.get_int(a + "block_count");
+  j["num_attention_heads"] = f.get_int(a + "attention.head_count");
+  j["num_key_value_heads"] = f.get_int(a + "attention.head_count_kv", f.get_int(a + "attention.head_count"));
+  if (f.find(a + "attention.key_length")) {
+    j["head_dim"] = f.get_int(a + "attention.key_length");
+    if (f.get_int(a + "attention.value_length", j["head_dim"].get<int64_t>()) != j["head_dim"].get<int64_t>())
+      fail(gguf_path, ": attention.key_length and attention.value_length differ (not supported)");
+  }
+  const gguf::Tensor* emb = f.tensor("token_embd.weight");
+  if (!emb) fail(gguf_path, ": tensor \"token_embd.weight\" is missing");
+  if (emb->ne.size() != 2) fail(gguf_path, ": tensor \"token_embd.weight\" must have 2 dimensions");
+  j["vocab_size"] = f.get_int(a + "vocab_size", emb->ne[1]);
+  j["max_position_embeddings"] = f.get_int(a + "context_length", 2048);
+  j["rms_norm_eps"] = f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-6);
+  j["rope_theta"] = f.get_float(a + "rope.freq_base", 10000.0);
+  j["tie_word_embeddings"] = f.tensor("output.weight") == nullptr;
+  j["attention_bias"] = f.tensor("blk.0.attn_q.bias") != nullptr;
+  const std::string rs = f.get_string(a + "rope.scaling.type", "none");
+  if (rs == "linear") {
+    j["rope_scaling"] = {{"type", "linear"}, {"factor", f.get_float(a + "rope.scaling.factor", 1.0)}};
+  } else if (rs != "none") {
+    fail(gguf_path, ": metadata \"", a, "rope.scaling.type\" = \"", rs, "\" is not supported (none, linear)");
+  }
+  if (f.tensor("rope_freqs.weight"))  // llama3-style scaling stored as per-frequency factors
+    fail(gguf_path, ": tensor \"rope_freqs.weight\" (llama3 RoPE frequency factors) is not supported yet");
+  if (f.find("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = f.get_int("tokenizer.ggml.bos_token_id");
+  if (f.find("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = f.get_int("tokenizer.ggml.eos_token_id");
+  return from_json(j.dump(), "", gguf_path);
+}
+
+WeightFiles WeightFiles::open_gguf(const std::string& path) {
+  gguf::File f(path);
+  const std::string arch = architecture(f);
+  const bool permuted = arch == "llama";
+  const int64_t n_head = f.get_int(arch + ".attention.head_count");
+  const int64_t n_head_kv = f.get_int(arch + ".attention.head_count_kv", n_head);
+  WeightFiles w;
+  for (const gguf::Tensor& t : f.tensors()) {
+    const std::string name = hf_name(t.name);
+    if (name.empty()) continue;
+    const std::string where = path + ": tensor \"" + t.name + "\"";
+    if (!kernels::ggml_type_supported(uint32_t(t.type)))
+      fail(where, ": ggml type ", uint32_t(t.type), " is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)");
+    TensorInfo ti;
+    ti.name = name;
+    ti.file = path;
+    for (auto it = t.ne.rbegin(); it != t.ne.rend(); ++it) ti.shape.push_back(*it);
+    const bool is_q = ends_with(t.name, "attn_q.weight") || ends_with(t.name, "attn_q.bias");
+    const bool is_k = ends_with(t.name, "attn_k.weight") || ends_with(t.name, "attn_k.bias");
+    const bool unpermute = permuted && (is_q || is_k);
+    // Biases are 1-D: permute single elements. Weights: whole rows (whole blocks).
+    const int64_t n_rows = t.ne.size() == 1 ? t.ne[0] : t.rows();
+    const size_t row_bytes = t.nbytes / size_t(n_rows);
+    const uint8_t* src = t.data;
+    if (unpermute) {
+      const int64_t n_heads = is_q ? n_head : n_head_kv;
+      if (n_heads <= 0 || n_rows % n_heads != 0)
+        fail(where, ": ", n_rows, " rows are not divisible into ", n_heads, " heads");
+      auto buf = std::make_shared<std::vector<uint8_t>>(t.nbytes);
+      unpermute_rows(t.data, buf->data(), n_rows, n_rows / n_heads, row_bytes, where);
+      w.owned_.push_back(buf);
+      src = buf->data();
+    }
+    const bool plain = t.type == GgmlType::F32 || t.type == GgmlType::F16 || t.type == GgmlType::BF16;
+    const size_t esize = t.type == GgmlType::F32 ? 4 : 2;
+    if (plain && reinterpret_cast<uintptr_t>(src) % esize == 0) {
+      ti.dtype = kernels::ggml_type_name(t.type);
+      ti.data = src;
+      ti.nbytes = t.nbytes;
+    } else {
+      // Quantized (or misaligned): dequantize once into an owned f32 buffer, row by row.
+      const int64_t n = t.n_elems(), row = t.ne[0];
+      auto buf = std::make_shared<std::vector<uint8_t>>(size_t(n) * 4);
+      float* dst = reinterpret_cast<float*>(buf->data());
+      const size_t rb = size_t(kernels::ggml_row_bytes(t.type, row));
+      const int64_t rows = n / row;
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) kernels::dequantize_row(src + size_t(r) * rb, t.type, dst + r * row, row);
+      w.owned_.push_back(buf);
+      ti.dtype = "F32";
+      ti.data = dst;
+      ti.nbytes = size_t(n) * 4;
+    }
+    if (w.tensors_.count(name)) fail(where, ": maps to \"", name, "\", which another tensor already provides");
+    w.tensors_[name] = std::move(ti);
+  }
+  w.files_.push_back(f.mapping());
+  return w;
+}
+
+}  // namespace kvboost

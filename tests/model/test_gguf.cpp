@@ -1,0 +1,355 @@
+// GGUF: the reader on files written here (every metadata type, alignment, truncation at every
+// length, bit flips, malformed fields), and — on files written by the gguf Python package
+// (tools/oracle/gguf_fixture.py, run by the ctest fixture gguf_fixture.generate) — the
+// dequantization kernels against the package's dequantizer and whole models against the
+// safetensors loader on the same weights.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "gguf.h"
+#include "kvboost/kernels.h"
+#include "kvboost/model.h"
+#include "test_util.h"
+
+using namespace kvboost;
+using kernels::GgmlType;
+
+namespace {
+
+// A minimal GGUF writer for hand-made files.
+class Builder {
+ public:
+  explicit Builder(uint32_t version = 3) { u32(0x46554747u), u32(version); }
+  void kv_u32(const std::string& k, uint32_t v) { key(k, 4), u32(v), ++n_kv_; }
+  void kv_i8(const std::string& k, int8_t v) { key(k, 1), raw(&v, 1), ++n_kv_; }
+  void kv_u64(const std::string& k, uint64_t v) { key(k, 10), u64(v), ++n_kv_; }
+  void kv_i64(const std::string& k, int64_t v) { key(k, 11), raw(&v, 8), ++n_kv_; }
+  void kv_f32(const std::string& k, float v) { key(k, 6), raw(&v, 4), ++n_kv_; }
+  void kv_f64(const std::string& k, double v) { key(k, 12), raw(&v, 8), ++n_kv_; }
+  void kv_bool(const std::string& k, bool v) { key(k, 7), u8(v), ++n_kv_; }
+  void kv_str(const std::string& k, const std::string& v) { key(k, 8), str(v), ++n_kv_; }
+  void kv_strs(const std::string& k, const std::vector<std::string>& v) {
+    key(k, 9), u32(8), u64(v.size());
+    for (const auto& s : v) str(s);
+    ++n_kv_;
+  }
+  void kv_i32s(const std::string& k, const std::vector<int32_t>& v) {
+    key(k, 9), u32(5), u64(v.size()), raw(v.data(), v.size() * 4), ++n_kv_;
+  }
+  // ne: ggml order (ne[0] = row length).
+  void tensor(const std::string& name, GgmlType t, std::vector<int64_t> ne, const void* data, size_t nbytes) {
+    tensors_.push_back({name, t, std::move(ne), std::vector<uint8_t>((const uint8_t*)data, (const uint8_t*)data + nbytes)});
+  }
+  std::vector<uint8_t> finish(uint64_t alignment = 32) {
+    std::vector<uint8_t> out;
+    auto put = [&](const void* p, size_t n) { out.insert(out.end(), (const uint8_t*)p, (const uint8_t*)p + n); };
+    put(head_.data(), 8);
+    const uint64_t nt = tensors_.size();
+    put(&nt, 8);
+    put(&n_kv_, 8);
+    put(head_.data() + 8, head_.size() - 8);
+    uint64_t off = 0;
+    for (const auto& t : tensors_) {
+      const uint64_t len = t.name.size();
+      put(&len, 8), put(t.name.data(), len);
+      const uint32_t nd = uint32_t(t.ne.size());
+      put(&nd, 4);
+      for (int64_t e : t.ne) put(&e, 8);
+      const uint32_t ty = uint32_t(t.type);
+      put(&ty, 4), put(&off, 8);
+      off += (t.data.size() + alignment - 1) / alignment * alignment;
+    }
+    while (out.size() % alignment) out.push_back(0);
+    for (size_t i = 0; i < tensors_.size(); ++i) {  // no padding after the last one
+      put(tensors_[i].data.data(), tensors_[i].data.size());
+      while (i + 1 < tensors_.size() && out.size() % alignment) out.push_back(0);
+    }
+    return out;
+  }
+
+ private:
+  struct T { std::string name; GgmlType type; std::vector<int64_t> ne; std::vector<uint8_t> data; };
+  void raw(const void* p, size_t n) { head_.insert(head_.end(), (const uint8_t*)p, (const uint8_t*)p + n); }
+  void u8(uint8_t v) { raw(&v, 1); }
+  void u32(uint32_t v) { raw(&v, 4); }
+  void u64(uint64_t v) { raw(&v, 8); }
+  void str(const std::string& s) { u64(s.size()), raw(s.data(), s.size()); }
+  void key(const std::string& k, uint32_t type) { str(k), u32(type); }
+  std::vector<uint8_t> head_;  // magic, version, then the key/values (counts inserted at finish)
+  uint64_t n_kv_ = 0;
+  std::vector<T> tensors_;
+};
+
+std::string write(const std::string& dir, const std::string& name, const std::vector<uint8_t>& bytes) {
+  const std::string p = path_join(dir, name);
+  std::ofstream(p, std::ios::binary).write((const char*)bytes.data(), std::streamsize(bytes.size()));
+  return p;
+}
+
+std::vector<uint8_t> sample_file() {
+  Builder b;
+  b.kv_str("general.architecture", "llama");
+  b.kv_u32("llama.block_count", 2);
+  b.kv_i8("test.i8", -5);
+  b.kv_u64("test.u64", 1ull << 40);
+  b.kv_i64("test.i64", -7);
+  b.kv_f32("test.f32", 0.25f);
+  b.kv_f64("test.f64", -1.5);
+  b.kv_bool("test.bool", true);
+  b.kv_strs("tokenizer.ggml.tokens", {"a", "", "héllo"});
+  b.kv_i32s("tokenizer.ggml.token_type", {1, 2, 3});
+  std::vector<float> f(64);
+  for (int i = 0; i < 64; ++i) f[size_t(i)] = float(i);
+  b.tensor("w", GgmlType::F32, {16, 4}, f.data(), f.size() * 4);
+  std::vector<uint8_t> q(34 * 2, 0);
+  b.tensor("q", GgmlType::Q8_0, {64}, q.data(), q.size());
+  return b.finish();
+}
+
+std::string fixture_dir() {
+  const char* e = std::getenv("KVBOOST_GGUF_FIXTURE_DIR");
+  return e && *e ? e : std::string(KVBOOST_BINARY_DIR) + "/tests/oracle/gguf_fixtures";
+}
+
+}  // namespace
+
+TEST(GgufReader, ParsesEveryMetadataTypeAndTensors) {
+  const std::string p = write(test::make_temp_dir("gguf_reader"), "a.gguf", sample_file());
+  gguf::File f(p);
+  EXPECT_EQ(f.version(), 3u);
+  EXPECT_EQ(f.get_string("general.architecture"), "llama");
+  EXPECT_EQ(f.get_int("llama.block_count"), 2);
+  EXPECT_EQ(f.get_int("test.i8"), -5);
+  EXPECT_EQ(f.get_int("test.u64"), int64_t(1) << 40);
+  EXPECT_EQ(f.get_int("test.i64"), -7);
+  EXPECT_EQ(f.get_float("test.f32", 0), 0.25);
+  EXPECT_EQ(f.get_float("test.f64", 0), -1.5);
+  EXPECT_EQ(f.find("test.bool")->i, 1);
+  EXPECT_EQ(f.find("tokenizer.ggml.tokens")->strings, (std::vector<std::string>{"a", "", "héllo"}));
+  EXPECT_EQ(f.find("tokenizer.ggml.token_type")->ints, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(f.get_int("missing", 9), 9);
+  EXPECT_THROW(f.get_int("general.architecture"), Error);
+  EXPECT_THROW(f.get_string("missing"), Error);
+  ASSERT_EQ(f.tensors().size(), 2u);
+  const gguf::Tensor* w = f.tensor("w");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->ne, (std::vector<int64_t>{16, 4}));
+  EXPECT_EQ(w->rows(), 4);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(w->data) % 32, 0u);
+  EXPECT_EQ(reinterpret_cast<const float*>(w->data)[17], 17.0f);
+  EXPECT_EQ(f.tensor("q")->nbytes, 68u);
+}
+
+TEST(GgufReader, CustomAlignmentAndVersion2) {
+  Builder b(2);
+  b.kv_u32("general.alignment", 64);
+  float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  b.tensor("a", GgmlType::F32, {8}, x, 32);
+  b.tensor("b", GgmlType::F32, {8}, x, 32);
+  const std::string p = write(test::make_temp_dir("gguf_align"), "a.gguf", b.finish(64));
+  gguf::File f(p);
+  EXPECT_EQ(f.alignment(), 64u);
+  EXPECT_EQ(f.tensor("b")->offset, 64u);
+  EXPECT_EQ(reinterpret_cast<const float*>(f.tensor("b")->data)[7], 8.0f);
+}
+
+TEST(GgufReader, EveryTruncationIsAnErrorNamingTheFile) {
+  const auto bytes = sample_file();
+  const std::string dir = test::make_temp_dir("gguf_trunc");
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    const std::string p = write(dir, "t.gguf", std::vector<uint8_t>(bytes.begin(), bytes.begin() + long(n)));
+    try {
+      gguf::File f(p);
+      ADD_FAILURE() << "truncated to " << n << " bytes but parsed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("t.gguf"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(GgufReader, BitFlipsNeverCrash) {
+  const auto bytes = sample_file();
+  const std::string dir = test::make_temp_dir("gguf_flip");
+  std::mt19937 rng(3);
+  int errors = 0;
+  for (size_t pos = 0; pos < bytes.size(); ++pos) {
+    for (uint8_t mask : {uint8_t(0x80), uint8_t(rng() | 1)}) {
+      auto c = bytes;
+      c[pos] ^= mask;
+      const std::string p = write(dir, "f.gguf", c);
+      try {
+        gguf::File f(p);
+        for (const auto& t : f.tensors()) ASSERT_LE(t.data + t.nbytes, f.mapping()->data() + f.mapping()->size());
+      } catch (const Error&) {
+        ++errors;
+      }
+    }
+  }
+  EXPECT_GT(errors, 0);
+}
+
+TEST(GgufReader, MalformedFieldsNameTheCulprit) {
+  const std::string dir = test::make_temp_dir("gguf_bad");
+  auto expect_error = [&](const std::vector<uint8_t>& bytes, const std::string& needle) {
+    const std::string p = write(dir, "bad.gguf", bytes);
+    try {
+      gguf::File f(p);
+      ADD_FAILURE() << "no error, expected one mentioning " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto good = sample_file();
+  auto c = good;
+  c[0] = 'X';
+  expect_error(c, "bad magic");
+  c = good;
+  c[4] = 1;
+  expect_error(c, "version 1");
+  c = good;
+  c[4] = 0, c[7] = 3;  // version 3 big-endian
+  expect_error(c, "big-endian");
+  Builder b;
+  b.kv_u32("general.alignment", 24);
+  expect_error(b.finish(), "general.alignment");
+  Builder b2;
+  float x[4] = {};
+  b2.tensor("odd", GgmlType::Q8_0, {48}, x, 16);  // 48 is not a whole Q8_0 block
+  expect_error(b2.finish(), "odd");
+  Builder b3;
+  b3.tensor("unknown", GgmlType(99), {4}, x, 16);
+  expect_error(b3.finish(), "unknown ggml type 99");
+  Builder b4;
+  b4.tensor("big", GgmlType::F32, {4}, x, 16);
+  auto f4 = b4.finish();
+  f4.resize(f4.size() - 8);
+  expect_error(f4, "\"big\"");
+  Builder b5;
+  b5.kv_u32("k", 1);
+  b5.kv_u32("k", 2);
+  expect_error(b5.finish(), "appears twice");
+}
+
+TEST(GgufModel, PathResolution) {
+  const std::string dir = test::make_temp_dir("gguf_paths");
+  EXPECT_EQ(gguf_model_file(dir), "");
+  write(dir, "one.gguf", sample_file());
+  EXPECT_EQ(gguf_model_file(dir), path_join(dir, "one.gguf"));
+  EXPECT_EQ(gguf_model_file(path_join(dir, "one.gguf")), path_join(dir, "one.gguf"));
+  write(dir, "two.gguf", sample_file());
+  EXPECT_THROW(gguf_model_file(dir), Error);
+  // A Hugging Face directory stays a Hugging Face directory.
+  write(dir, "config.json", {'{', '}'});
+  EXPECT_EQ(gguf_model_file(dir), "");
+}
+
+TEST(GgufModel, UnsupportedArchitectureIsAnError) {
+  Builder b;
+  b.kv_str("general.architecture", "gemma3");
+  const std::string p = write(test::make_temp_dir("gguf_arch"), "g.gguf", b.finish());
+  try {
+    ModelConfig::from_gguf(p);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gemma3"), std::string::npos) << e.what();
+  }
+}
+
+// ---- against files written by the gguf Python package ----
+
+namespace {
+nlohmann::json manifest() {
+  const std::string m = fixture_dir() + "/manifest.json";
+  if (!file_exists(m)) return nullptr;
+  return nlohmann::json::parse(read_file(m));
+}
+
+#define REQUIRE_MANIFEST(j)                                                                    \
+  auto j = manifest();                                                                         \
+  if (j.is_null()) {                                                                           \
+    if (test::oracles_required()) FAIL() << "missing " << fixture_dir() << "/manifest.json";   \
+    GTEST_SKIP() << "no GGUF fixtures in " << fixture_dir()                                    \
+                 << " (ctest runs tools/oracle/gguf_fixture.py; needs python gguf + numpy)";   \
+  }
+
+std::vector<float> logits(const Model& m, const std::vector<int32_t>& ids) {
+  KvCache kv(m.config(), int64_t(ids.size()));
+  std::vector<float> out(ids.size() * size_t(m.config().vocab_size));
+  m.forward(ids.data(), int64_t(ids.size()), kv, out.data(), /*all_logits=*/true);
+  return out;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, double(std::fabs(a[i] - b[i])));
+  return d;
+}
+
+double cosine(const std::vector<float>& a, const std::vector<float>& b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < a.size(); ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
+  return ab / std::sqrt(aa * bb);
+}
+}  // namespace
+
+TEST(GgufOracle, DequantMatchesPythonPackageBitForBit) {
+  REQUIRE_MANIFEST(j);
+  gguf::File f(j["dequant"].get<std::string>());
+  const Isa saved = active_isa();
+  int checked = 0;
+  for (const auto& t : f.tensors()) {
+    if (t.name.size() > 4 && t.name.compare(t.name.size() - 4, 4, ".ref") == 0) continue;
+    const gguf::Tensor* ref = f.tensor(t.name + ".ref");
+    ASSERT_NE(ref, nullptr) << t.name;
+    ASSERT_EQ(ref->n_elems(), t.n_elems());
+    for (Isa isa : {Isa::Scalar, Isa::Avx2}) {
+      set_active_isa(isa);
+      std::vector<float> y(size_t(t.n_elems()));
+      for (int64_t r = 0; r < t.rows(); ++r)
+        kernels::dequantize_row(t.data + size_t(r * kernels::ggml_row_bytes(t.type, t.ne[0])), t.type,
+                                y.data() + r * t.ne[0], t.ne[0]);
+      EXPECT_EQ(0, std::memcmp(y.data(), ref->data, y.size() * 4)) << t.name << " on " << isa_name(active_isa());
+    }
+    ++checked;
+  }
+  set_active_isa(saved);
+  EXPECT_EQ(checked, 8);
+}
+
+TEST(GgufOracle, SameLogitsAsSafetensorsOnTheSameWeights) {
+  REQUIRE_MANIFEST(j);
+  const std::vector<int32_t> ids = {1, 17, 300, 4, 99, 250, 3, 511, 42, 8, 128, 77};
+  for (const auto& c : j["cases"]) {
+    const std::string name = c["name"], type = c["type"];
+    SCOPED_TRACE(name);
+    auto g = Model::load(c["gguf"].get<std::string>());
+    auto src = Model::load(c["src"].get<std::string>());
+    auto ref = Model::load(c["ref"].get<std::string>());
+    // Hyper-parameters survive the trip through GGUF metadata.
+    const ModelConfig &a = g->config(), &b = src->config();
+    EXPECT_EQ(a.model_type, b.model_type);
+    EXPECT_EQ(a.hidden_size, b.hidden_size);
+    EXPECT_EQ(a.n_kv_heads, b.n_kv_heads);
+    EXPECT_EQ(a.head_dim, b.head_dim);
+    EXPECT_EQ(a.vocab_size, b.vocab_size);
+    EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+    EXPECT_EQ(a.attention_bias, b.attention_bias);
+    EXPECT_EQ(a.qk_norm, b.qk_norm);
+    EXPECT_FLOAT_EQ(float(a.rms_norm_eps), float(b.rms_norm_eps));
+    const auto lg = logits(*g, ids), ls = logits(*src, ids), lr = logits(*ref, ids);
+    double scale = 0;
+    for (float v : ls) scale = std::max(scale, double(std::fabs(v)));
+    // The reference model holds exactly the weights the GGUF file stores (dequantized by the
+    // gguf package): only summation order could differ, and it does not.
+    EXPECT_LE(max_abs_diff(lg, lr), 1e-4 * std::max(1.0, scale)) << type;
+    if (type == "f32") EXPECT_LE(max_abs_diff(lg, ls), 1e-4 * std::max(1.0, scale));
+    if (type == "f16" || type == "bf16" || type == "q8_0") EXPECT_GT(cosine(lg, ls), 0.999) << type;
+    else EXPECT_GT(cosine(lg, ls), 0.9) << type;  // 4/5/6-bit: close, not equal
+    std::printf("  %-14s max|gguf-ref| %.2e  cos(gguf, original) %.6f  (max |logit| %.3f)\n", name.c_str(),
+                max_abs_diff(lg, lr), cosine(lg, ls), scale);
+  }
+}
