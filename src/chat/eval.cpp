@@ -456,6 +456,7 @@ struct Eval {
     size_t n = items.size();
     for (size_t k = 0; k < n; ++k) {
       in.step(s.pos);
+      frame.vars.clear();  // as in Jinja, a `set` in one iteration is not seen by the next
       bind(frame, s.targets, items[k], s.pos);
       Value loop = Value::make_dict();
       Dict& d = *loop.dict;
