@@ -96,9 +96,52 @@ void panel(const float* x, const void* w, const float* bias, float* y, int64_t M
   }
 }
 
+// Decode (M = 1): y[n0..n0+R) = w[n0..n0+R) · x. Two accumulators per row (k and k + 8) give
+// 2R independent FMA chains, so the loop is bound by loads, not by FMA latency.
+template <WType WT, int R>
+inline void gemv_rows(const float* x, const void* w, const float* bias, float* y, int64_t n0,
+                      int64_t K) {
+  __m256 acc0[R], acc1[R];
+  for (int j = 0; j < R; ++j) acc0[j] = acc1[j] = _mm256_setzero_ps();
+  const int64_t K16 = K & ~int64_t(15), K8 = K & ~int64_t(7);
+  for (int64_t k = 0; k < K16; k += 16) {
+    const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+    for (int j = 0; j < R; ++j) {
+      acc0[j] = _mm256_fmadd_ps(x0, load8<WT>(w, (n0 + j) * K + k), acc0[j]);
+      acc1[j] = _mm256_fmadd_ps(x1, load8<WT>(w, (n0 + j) * K + k + 8), acc1[j]);
+    }
+  }
+  if (K16 < K8) {
+    const __m256 x0 = _mm256_loadu_ps(x + K16);
+    for (int j = 0; j < R; ++j) acc0[j] = _mm256_fmadd_ps(x0, load8<WT>(w, (n0 + j) * K + K16), acc0[j]);
+  }
+  for (int j = 0; j < R; ++j) {
+    float s = hsum(_mm256_add_ps(acc0[j], acc1[j]));
+    for (int64_t k = K8; k < K; ++k) s += x[k] * load1<WT>(w, (n0 + j) * K + k);
+    y[n0 + j] = bias ? s + bias[n0 + j] : s;
+  }
+}
+
+template <WType WT>
+void gemv(const float* x, const void* w, const float* bias, float* y, int64_t N, int64_t K) {
+  // Row panels of 16: small enough to balance the two cores, large enough to amortise the
+  // scheduling; each thread streams a contiguous range of rows.
+  constexpr int64_t kPanel = 16;
+  const int64_t n_panels = (N + kPanel - 1) / kPanel;
+  const bool parallel = N * K >= (1 << 16) && n_panels > 1;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t p = 0; p < n_panels; ++p) {
+    int64_t n = p * kPanel;
+    const int64_t end = std::min(N, n + kPanel);
+    for (; n + 4 <= end; n += 4) gemv_rows<WT, 4>(x, w, bias, y, n, K);
+    for (; n < end; ++n) gemv_rows<WT, 1>(x, w, bias, y, n, K);
+  }
+}
+
 template <WType WT>
 void run(const float* x, const void* w, const float* bias, float* y, int64_t M, int64_t N,
          int64_t K) {
+  if (M == 1) return gemv<WT>(x, w, bias, y, N, K);
   // Panel height: ~96 KiB of weights, a multiple of the 3-row tile, so a panel stays in L2
   // while all token tiles pass over it. Decode uses small panels so both cores share the rows.
   const int64_t row_bytes = K * wtype_size(WT);
