@@ -19,7 +19,9 @@ std::vector<float> paged_logits(const Model& m, kv::KvCacheManager& mgr, kv::Pag
   for (auto cp : a->copies) st.copy_block(cp.src, cp.dst);
   std::vector<float*> kp, vp;
   for (int64_t l = 0; l < c.n_layers; ++l) kp.push_back(st.k_pool(l)), vp.push_back(st.v_pool(l));
-  KvView v{kp.data(), vp.data(), mgr.block_table(seq).data(), mgr.block_size(), a->n_cached};
+  KvView v;
+  v.k_pools = kp.data(), v.v_pools = vp.data(), v.block_table = mgr.block_table(seq).data();
+  v.block_size = mgr.block_size(), v.n_past = a->n_cached;
   std::vector<float> logits(size_t(c.vocab_size));
   m.forward(ids.data() + a->n_cached, int64_t(ids.size()) - a->n_cached, v, logits.data());
   mgr.commit_full_blocks(seq, ids);
