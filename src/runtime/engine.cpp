@@ -33,7 +33,13 @@ Engine::Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt)
 Engine::~Engine() = default;
 
 std::unique_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions& opt) {
-  Tokenizer tok = Tokenizer::from_dir(dir);
+  // A .gguf file path: its tokenizer files are read from the directory that holds it.
+  std::string tok_dir = dir;
+  if (dir.size() > 5 && dir.compare(dir.size() - 5, 5, ".gguf") == 0 && file_exists(dir)) {
+    const size_t slash = dir.find_last_of('/');
+    tok_dir = slash == std::string::npos ? "." : dir.substr(0, slash);
+  }
+  Tokenizer tok = Tokenizer::from_dir(tok_dir);
   auto model = Model::load(dir, opt.load);
   if (tok.vocab_size() > model->config().vocab_size)
     fail(dir, ": tokenizer.json has ", tok.vocab_size(), " tokens but config.json vocab_size is ",

@@ -135,3 +135,28 @@ TEST(Cli, FixtureToolWritesEveryArchitecture) {
     EXPECT_NE(r.err.find("generated tokens: 4"), std::string::npos) << r.err;
   }
 }
+
+TEST(Cli, GgufFileRunsWithTokenizerBesideIt) {
+  // a GGUF holding the same f32 weights as a safetensors fixture generates the same text
+  const std::string dir = kvboost::test::make_temp_dir("cli_gguf");
+  ASSERT_EQ(std::system((std::string(KVBOOST_FIXTURE_TOOL) + " --arch llama --dtype f32 --out " + dir + "/src > /dev/null").c_str()), 0);
+  std::filesystem::create_directories(dir + "/g");
+  const std::string conv = std::string(KVBOOST_PYTHON_BIN) + " " + KVBOOST_SOURCE_DIR +
+                           "/tools/oracle/gguf_fixture.py model --src " + dir + "/src --out " + dir +
+                           "/g/model.gguf --type f32 > /dev/null 2>&1";
+  const int st = std::system(conv.c_str());
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    if (kvboost::test::oracles_required()) FAIL() << "gguf_fixture.py failed: " << conv;
+    GTEST_SKIP() << "python with the gguf package is not available";
+  }
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(dir + "/src/" + f, dir + "/g/" + f);
+  const std::string args = " -p hello -n 12 --ignore-eos -q";
+  Proc a = run("generate --model " + dir + "/src" + args);
+  Proc b = run("generate --model " + dir + "/g/model.gguf" + args);
+  Proc c = run("generate --model " + dir + "/g" + args);
+  ASSERT_EQ(a.rc, 0) << a.err;
+  ASSERT_EQ(b.rc, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(a.out, c.out);
+}
