@@ -11,12 +11,6 @@
 #include "kvboost/tokenizer.h"
 
 namespace kvboost {
-// Provided by the tokenizer module (fixture_tokenizer.cpp).
-std::string make_fixture_tokenizer_json(const std::string& kind, int vocab_size, uint64_t seed);
-std::string make_fixture_tokenizer_config_json(const std::string& kind);
-}  // namespace kvboost
-
-namespace kvboost {
 
 using nlohmann::json;
 using nlohmann::ordered_json;
