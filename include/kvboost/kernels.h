@@ -32,6 +32,13 @@ void rms_norm_ref(const float* x, const float* w, float* y, int64_t n_rows, int6
 void rope_rotate_half(float* x, const float* cos, const float* sin, int64_t n_tokens,
                       int64_t n_heads, int64_t head_dim);
 
+// Re-positions keys that were rotated at positions p to positions p + delta (chunk reuse at
+// another position): RoPE is a rotation, R(p + delta) = R(delta) R(p), so one extra rotation by
+// delta * inv_freq[i] per pair does it; values need no change. k: [n_tokens, n_heads, head_dim]
+// in place; inv_freq: [head_dim / 2] (rope scaling included). The angle is evaluated in double.
+void rope_shift(float* k, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const float* inv_freq,
+                int64_t delta);
+
 // y[i] = silu(gate[i]) * up[i]; gate/up/y: [n]. y may alias gate.
 void silu_mul(const float* gate, const float* up, float* y, int64_t n);
 void silu_mul_ref(const float* gate, const float* up, float* y, int64_t n);

@@ -33,6 +33,10 @@
 #pragma once
 
 #include <cstddef>
+#include <thread>
+#include <mutex>
+#include <deque>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -317,5 +321,140 @@ class KvCacheManager {
   int64_t n_queries_ = 0, query_tokens_ = 0, hit_tokens_ = 0, spills_ = 0, page_ins_ = 0;
   int64_t n_cold_ = 0;
 };
+
+// ==============================================================================================
+// ---- chunk-level KV reuse. Prompts are cut into chunks; each chunk has a prefix key (chained over all
+// preceding tokens: an exact hit) and a content key (its tokens alone: a hit at any position).
+// Computed chunks live in a ChunkStore: a RAM tier with a byte budget (evicted by frequency with
+// recency; pinned chunks stay) over an optional disk tier that survives restarts (checksummed
+// files written atomically; a corrupt or truncated file is a reported miss, never used).
+// Stored K/V may be quantized (KIVI-style: keys per channel, values per token, in groups).
+
+
+// ---- chunking and keys -------------------------------------------------------------------------
+struct ChunkSpan {
+  int64_t begin = 0, end = 0;  // token positions [begin, end)
+  int64_t segment = 0;         // index of the segment it belongs to
+};
+// Cuts n tokens into chunks of chunk_size. Segments (starting at 0 and at each of
+// segment_starts) are chunked independently: no chunk straddles a segment boundary. When
+// is_break is given, each cut inside a segment may move by up to `window` tokens to the nearest
+// position p where is_break(p) (a cut before token p), e.g. after a newline or a sentence end.
+std::vector<ChunkSpan> cut_chunks(int64_t n_tokens, std::span<const int64_t> segment_starts,
+                                  int64_t chunk_size, int64_t window = 0,
+                                  const std::function<bool(int64_t)>& is_break = {});
+
+// Keys carry the model identity and the tenant namespace (root). Prefix keys chain:
+// key(c) = H(key(c - 1), tokens of c), key(-1) = root. A second, independently seeded chain
+// (`check`) is stored with every prefix entry and compared on lookup, so a prefix hit is verified
+// by its own tokens plus a 128-bit fingerprint of everything before it.
+struct ChunkKeys {
+  uint64_t prefix = 0, check = 0, content = 0;
+};
+uint64_t chunk_root(std::string_view model_id, std::string_view ns);
+ChunkKeys chunk_keys(const ChunkKeys& prev, uint64_t root, std::span<const int32_t> tokens);
+ChunkKeys chunk_first_keys(uint64_t root);  // the `prev` of the first chunk
+
+// ---- stored chunks -----------------------------------------------------------------------------
+enum class KvQuant : uint32_t { kF32 = 0, kInt8 = 1, kInt4 = 2 };
+const char* kv_quant_name(KvQuant q);
+KvQuant parse_kv_quant(std::string_view s);  // f32 | int8 | int4
+inline constexpr int64_t kQuantGroup = 32;   // tokens (keys) or channels (values) per scale
+
+struct ChunkShape {
+  int64_t n_layers = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t row() const { return n_kv_heads * head_dim; }  // floats per token per layer, K or V
+};
+
+struct Chunk {
+  std::vector<int32_t> tokens;
+  int64_t pos0 = 0;                // position of tokens[0] when its K/V were computed
+  ChunkKeys keys;                  // keys.prefix == 0: a content-only entry (not exact at pos0)
+  uint64_t parent_prefix = 0;      // prefix key of the chunk that preceded it when computed
+  KvQuant quant = KvQuant::kF32;
+  std::vector<uint8_t> data;       // per layer: K then V, encoded (chunk_layer_bytes each)
+  size_t bytes() const { return data.size() + tokens.size() * sizeof(int32_t) + sizeof(Chunk); }
+};
+size_t chunk_layer_bytes(const ChunkShape& s, KvQuant q, int64_t n_tokens);
+// An empty chunk sized for n_tokens; fill it layer by layer.
+void chunk_init(Chunk& c, const ChunkShape& s, KvQuant q, int64_t n_tokens);
+// k, v: [n_tokens, row] f32 of one layer -> encoded into the chunk.
+void chunk_put_layer(Chunk& c, const ChunkShape& s, int64_t layer, const float* k, const float* v);
+// The reverse: decoded (dequantized) K and V of one layer, [n_tokens, row] each.
+void chunk_get_layer(const Chunk& c, const ChunkShape& s, int64_t layer, float* k, float* v);
+
+// ---- the store ---------------------------------------------------------------------------------
+struct ChunkStoreOptions {
+  size_t ram_bytes = size_t(512) << 20;
+  std::string disk_dir;       // "" = RAM only
+  size_t disk_bytes = 0;      // 0 = unlimited
+  KvQuant quant = KvQuant::kF32;
+  std::string model_id;       // disk files written for another model id are ignored
+};
+
+struct ChunkStats {
+  int64_t entries = 0, entries_ram = 0, entries_disk = 0, pinned = 0;
+  int64_t bytes_ram = 0, bytes_disk = 0;
+  int64_t lookups = 0, prefix_hits = 0, content_hits = 0, disk_loads = 0, corrupt = 0;
+  int64_t stores = 0, evictions_ram = 0, evictions_disk = 0;
+  std::vector<std::string> corrupt_files;  // the most recent few
+  double hit_rate() const { return lookups ? double(prefix_hits + content_hits) / double(lookups) : 0; }
+  std::string to_string() const;
+};
+
+// Thread-safe. Disk writes happen on a background thread (flush() waits for them).
+class ChunkStore {
+ public:
+  ChunkStore(const ChunkShape& shape, const ChunkStoreOptions& opt);
+  ~ChunkStore();
+  ChunkStore(const ChunkStore&) = delete;
+  ChunkStore& operator=(const ChunkStore&) = delete;
+
+  const ChunkShape& shape() const { return shape_; }
+  const ChunkStoreOptions& options() const { return opt_; }
+
+  // Lookups verify the tokens (and the prefix fingerprint); nullptr on a miss. A hit on a
+  // disk-only entry reads and checks the file; a bad file is dropped, counted and reported.
+  std::shared_ptr<const Chunk> find_prefix(const ChunkKeys& keys, std::span<const int32_t> tokens);
+  std::shared_ptr<const Chunk> find_content(uint64_t content_key, std::span<const int32_t> tokens);
+  bool contains_prefix(uint64_t prefix_key) const;
+  bool contains_content(uint64_t content_key) const;
+  // Adds a chunk (its keys say under which indexes). An existing entry with the same prefix key
+  // (or, for content-only chunks, content key) is kept and only pinned if asked.
+  void put(std::shared_ptr<Chunk> c, bool pin = false);
+  void unpin_all();
+  void flush();  // waits until queued disk writes are done
+  ChunkStats stats() const;
+
+ private:
+  struct Entry;
+  void scan_disk();
+  std::shared_ptr<const Chunk> load_locked(Entry& e);
+  void touch(Entry& e);
+  void evict_ram_locked(size_t incoming);
+  void evict_disk_locked();
+  void drop_locked(uint64_t id);
+  void writer_loop();
+  void note_corrupt_locked(const std::string& path, const std::string& why);
+
+  ChunkShape shape_;
+  ChunkStoreOptions opt_;
+  uint64_t model_hash_ = 0;
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, std::unique_ptr<Entry>> entries_;  // by entry id
+  std::unordered_map<uint64_t, uint64_t> by_prefix_, by_content_;
+  uint64_t next_id_ = 1, tick_ = 0;
+  ChunkStats st_;
+  // disk writer
+  std::deque<std::pair<uint64_t, std::shared_ptr<const Chunk>>> queue_;
+  std::condition_variable cv_, idle_cv_;
+  bool stop_ = false, writing_ = false;
+  std::thread writer_;
+};
+
+// Disk format of one chunk (exposed for tests): write atomically (temporary file + rename) /
+// read and verify (throws Error naming the file and the problem: truncated, bad magic, checksum).
+void write_chunk_file(const std::string& path, const Chunk& c, const ChunkShape& s, uint64_t model_hash);
+Chunk read_chunk_file(const std::string& path, const ChunkShape& s, uint64_t model_hash);
 
 }  // namespace kvboost::kv

@@ -154,6 +154,33 @@ class KvCache {
   int32_t block0_ = 0;
 };
 
+// One sequence's share of a batched forward pass (Model::forward_batch).
+struct SeqBatch {
+  const int32_t* tokens = nullptr;     // [n]
+  // [n] strictly increasing positions; nullptr: kv.n_past, kv.n_past + 1, ... The token at
+  // position p writes its K/V to its slot and attends keys [0, p]: every position below p that
+  // is not computed in this call must already hold K/V (cached, reused, or computed earlier).
+  const int32_t* positions = nullptr;
+  int64_t n = 0;
+  KvView kv;                           // kv.n_past is used only when positions == nullptr
+  float* logits = nullptr;             // [n_logits, vocab]: logits of the last n_logits tokens
+  int64_t n_logits = 1;                // 0..n; ignored when logits == nullptr
+};
+
+// CacheBlend (Yao et al., EuroSys 2025) selective recompute for Model::forward_blend.
+struct BlendOptions {
+  int64_t check_layer = 1;   // layers 0..check_layer recompute every token
+  float ratio = 0.15f;       // fraction of the reused tokens recomputed after check_layer
+  // [n] 1: the token's K/V in its slot came from a cache (a candidate to skip); 0: computed
+  // in every layer (new tokens). The last token is always computed (it produces the logits).
+  const uint8_t* reused = nullptr;
+};
+struct BlendStats {
+  int64_t n_full_layers = 0;      // layers in which every token was computed
+  int64_t n_selected = 0;         // reused tokens recomputed after the check layer
+  int64_t n_rows_late = 0;        // tokens computed per later layer (selected + new)
+};
+
 struct LoadOptions {
   bool prefault = true;
   std::function<void(const std::string& stage, size_t done, size_t total)> progress;
@@ -180,6 +207,23 @@ class Model {
   void forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logits,
                bool all_logits = false) const;
 
+  // Several sequences in one pass over the weights (continuous batching: decode tokens of many
+  // sequences, prefill chunks, scattered recompute sets). Matmuls run over all tokens of all
+  // sequences together; attention runs per sequence over its own block table.
+  void forward_batch(const SeqBatch* seqs, int64_t n_seqs) const;
+
+  // One sequence's tokens at positions kv.n_past .. kv.n_past + n - 1 with CacheBlend repair:
+  // layers 0..check_layer compute all n tokens (overwriting their K/V); at check_layer each
+  // reused token's fresh K and V are compared with the cached ones in its slot, and in the
+  // later layers only the most deviated `ratio` of reused tokens plus every non-reused token
+  // is computed and writes its K/V; the other tokens keep their cached K/V there. Logits of
+  // the last token go to `logits` [vocab].
+  BlendStats forward_blend(const int32_t* tokens, int64_t n, const KvView& kv,
+                           const BlendOptions& opt, float* logits) const;
+
+  // RoPE inverse frequencies [head_dim / 2] (rope scaling applied), for re-positioning keys.
+  const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
+
   struct Layer;
 
  private:
@@ -191,6 +235,11 @@ class Model {
   std::vector<Layer> layers_;
   std::vector<float> final_norm_store_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
+
+  void embed(const int32_t* tokens, int64_t n, float* x) const;  // x: [n, hidden] f32
+  // rows/work: decoder.cpp's internal Rows and Work (kept out of this header).
+  void run_layer(int64_t l, const SeqBatch* seqs, const void* rows, void* work,
+                 const std::function<void(const float*, const float*)>* before_write) const;
 };
 
 // Writes a random-weight model directory of the given architecture (config.json,

@@ -57,6 +57,27 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> cand_;
 };
 
+// How a prompt reuses cached K/V beyond its exact cached prefix (chunk-level reuse).
+enum class ReuseMode {
+  kPrefixOnly,  // exact prefix hits only (paged block cache, chunk store prefix keys)
+  kNone,        // chunks found at other positions are reused as they are (re-positioned keys)
+  kSelective,   // ... and the first repair_tokens tokens of each reused run are recomputed (EPIC)
+  kCacheBlend,  // ... and the most deviated blend_ratio of reused tokens is recomputed (CacheBlend)
+};
+const char* reuse_mode_name(ReuseMode m);
+ReuseMode parse_reuse_mode(std::string_view s);  // prefix | none | selective | cacheblend
+
+struct ReusePolicy {
+  ReuseMode mode = ReuseMode::kPrefixOnly;
+  int64_t repair_tokens = 16;   // selective: tokens recomputed at the start of each reused run
+  int64_t overlap_tokens = 0;   // selective: also recompute this many tokens before the run
+  int64_t sink_tokens = 0;      // tokens at the start of the prompt that are always computed
+  float blend_ratio = 0.15f;    // cacheblend: fraction of reused tokens recomputed
+  int64_t blend_check_layer = 1;
+  bool store = true;            // store computed chunks for later requests
+  bool pin = false;             // stored chunks stay in RAM (Engine::warm)
+};
+
 struct GenerateOptions {
   int max_new_tokens = 256;
   SamplingParams sampling;
@@ -65,7 +86,16 @@ struct GenerateOptions {
   bool ignore_eos = false;             // keep going past eos_token_id (benchmarks)
   bool prefix_cache = true;            // reuse cached K/V of the prompt's longest cached prefix
   std::string cache_namespace;         // tenant: caches of different namespaces never mix
+  ReusePolicy reuse;                   // chunk-level reuse beyond the exact prefix
+  // Segment boundaries (token offsets into the prompt, increasing, each > 0 and < n): chunks
+  // never straddle one (system prompt | document 1 | document 2 | question).
+  std::vector<int64_t> segment_starts;
+  // Teacher forcing (verify_correctness): when not empty, these tokens are output instead of
+  // sampled ones, and on_logits sees the logits that preceded each.
+  std::vector<int32_t> forced_output;
+  std::function<void(const float* logits, int64_t vocab)> on_logits;
   // Called with each piece of final text as it is produced; return false to stop early.
+  // With Engine::submit it runs on the thread that calls Engine::step.
   std::function<bool(std::string_view)> on_text;
 };
 
@@ -73,12 +103,20 @@ struct GenerateResult {
   std::string text;                    // generated text (prompt excluded, stop string excluded)
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> output_ids;     // generated ids, the stop/eos id included if sampled
-  std::string finish_reason;           // "stop" (eos or stop string), "length", "cancelled"
-  int64_t n_cached = 0;                // prompt tokens whose K/V came from the prefix cache
+  std::string finish_reason;           // "stop" (eos or stop string), "length", "cancelled", "error"
+  std::string error;                   // finish_reason "error": why
+  int64_t n_cached = 0;                // prompt tokens whose K/V came from the exact prefix cache
+  int64_t n_reused = 0;                // prompt tokens whose K/V came from any cache (n_cached incl.)
+  int64_t n_recomputed = 0;            // reused tokens recomputed anyway (seam repair)
+  int64_t n_new = 0;                   // prompt tokens found in no cache
+  int64_t n_preempted = 0;             // times the request lost its KV memory and was resumed
   double ttft_ms = 0;                  // prompt in -> first token sampled
   double prefill_ms = 0;
   double decode_ms = 0;                // after the first token
+  double total_ms = 0;
+  double queue_ms = 0;                 // submitted -> admitted
   int n_prompt() const { return int(prompt_ids.size()); }
+  double reuse_ratio() const { return prompt_ids.empty() ? 0 : double(n_reused - n_recomputed) / double(prompt_ids.size()); }
   // prompt tokens computed (cached ones excluded) per second of prefill
   double prefill_tok_per_s() const { return prefill_ms > 0 ? double(prompt_ids.size() - size_t(n_cached)) * 1000.0 / prefill_ms : 0; }
   double decode_tok_per_s() const {
@@ -95,8 +133,42 @@ struct EngineOptions {
   size_t kv_budget_bytes = 0;
   // Cold tier: when set, KV blocks that do not fit in kv_budget_bytes spill to a file under this
   // directory and are paged back, range by range, when attention needs them; a generation may
-  // then outgrow the hot budget (its prompt must still fit).
+  // then outgrow the hot budget (its prompt must still fit). Steps then run one sequence at a time.
   std::string cold_dir;
+  // Continuous batching: at most max_batch requests run at once; a step prefills at most
+  // prefill_chunk prompt tokens (long prompts take several steps, so running decodes keep going).
+  int64_t max_batch = 16;
+  int64_t prefill_chunk = 512;
+  // Chunk-level reuse (GenerateOptions::reuse): prompts are cut into chunks of chunk_size tokens
+  // (within segments); computed chunks go to the chunk store. ram_bytes = 0 turns the store off.
+  // model_id is filled from the model when empty.
+  int64_t chunk_size = 128;
+  kv::ChunkStoreOptions chunk_store;
+};
+
+class Engine;
+
+// A request in flight (continuous batching). Engine::submit creates it; Engine::step advances it.
+// done(), result() and cancel() may be called from any thread.
+class Request {
+ public:
+  bool done() const;
+  // The result so far (text, ids, timings); complete once done().
+  GenerateResult result() const;
+  // Asks the engine to stop it at the next step (finish_reason "cancelled"; its KV is freed).
+  void cancel();
+  struct State;
+  explicit Request(std::unique_ptr<State> s);
+  ~Request();
+
+ private:
+  friend class Engine;
+  std::unique_ptr<State> st_;
+};
+
+struct StepStats {
+  int64_t n_running = 0, n_waiting = 0;   // after the step
+  int64_t n_decode = 0, n_prefill_tokens = 0;  // work done in the step
 };
 
 class Engine {
@@ -107,28 +179,70 @@ class Engine {
 
   const Model& model() const { return *model_; }
   const Tokenizer& tokenizer() const { return tok_; }
+  const EngineOptions& options() const { return opt_; }
   // Context length: max_position_embeddings.
   int64_t context_length() const;
 
-  // Requests run one at a time (a mutex serialises them); each reuses the K/V of the longest
-  // cached prefix of its prompt, and leaves its own full blocks cached for later requests.
+  // Blocking generation (submit, then step until done). Each request reuses the K/V of the
+  // longest cached prefix of its prompt and leaves its own full blocks cached for later
+  // requests. Safe to call from several threads: their steps interleave into shared batches.
+  // Bad input (empty prompt, too long, bad sampling values) throws Error.
   GenerateResult generate(std::string_view prompt, const GenerateOptions& opt);
   GenerateResult generate_ids(const std::vector<int32_t>& prompt_ids, const GenerateOptions& opt);
 
+  // Continuous batching: validates (throws Error on bad input) and queues the request.
+  std::shared_ptr<Request> submit(std::vector<int32_t> prompt_ids, GenerateOptions opt);
+  // One iteration over every live request: finish cancelled ones, admit waiting ones while KV
+  // memory and max_batch allow, then one forward pass: a decode token for every decoding request
+  // and up to prefill_chunk prompt tokens of prefilling ones. KV exhaustion preempts the newest
+  // request (its KV is freed; it resumes later by recomputing, mostly from the prefix cache).
+  StepStats step();
+  bool has_work() const;  // any request waiting or running
+
   kv::KvStats kv_stats() const;
   int64_t kv_block_size() const { return block_size_; }
+  // The chunk store (nullptr when disabled).
+  kv::ChunkStore* chunk_store() const { return chunks_.get(); }
+
+  // Computes and stores the chunks of a prompt (or of segments) ahead of time, pinned in RAM.
+  // Returns the number of prompt tokens that were already cached.
+  int64_t warm(const std::vector<int32_t>& ids, const std::vector<int64_t>& segment_starts = {},
+               const std::string& cache_namespace = "");
+
+  // Runs each prompt with and without reuse (teacher-forced on the full prefill's greedy output
+  // for n_tokens steps) and compares the logits per position.
+  struct Agreement {
+    std::vector<double> cosine, kl, top1;  // per generated position: cosine, KL(full || reuse), 0/1
+    double mean_cosine() const, mean_kl() const, top1_rate() const;
+    double ttft_full_ms = 0, ttft_reuse_ms = 0;
+    int64_t n_reused = 0, n_recomputed = 0, n_prompt = 0;
+  };
+  Agreement verify_correctness(const std::vector<int32_t>& ids, const GenerateOptions& reuse_opt, int n_tokens = 8);
 
  private:
   Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt);
-  GenerateResult run(const std::vector<int32_t>& ids, const GenerateOptions& opt, kv::SeqId seq);
+  struct Live;
+  bool admit(Request::State& r);
+  void release(Request::State& r);
+  void finish(Request::State& r, const char* reason);
+  void preempt(Request::State& r);
+  void after_logits(Request::State& r, float* logits);
+  KvView view_of(Request::State& r, int64_t n_past);
   std::unique_ptr<Model> model_;
   Tokenizer tok_;
+  EngineOptions opt_;
   int64_t block_size_;
   mutable std::mutex mu_;
   std::unique_ptr<kv::KvCacheManager> kv_;
   std::unique_ptr<kv::PagedKvStorage> store_;
   std::unique_ptr<kv::FileColdStore> cold_;
   std::vector<float*> k_pools_, v_pools_;
+  std::vector<std::shared_ptr<Request>> waiting_, running_;
+  std::unique_ptr<kv::ChunkStore> chunks_;
+  std::string model_id_;
+  // reuse.cpp: chunk lookups at admission, and storing computed chunks after the prefill.
+  void plan_reuse(Request::State& r, int64_t n_cached);
+  void store_chunks(Request::State& r);
   kv::SeqId next_seq_ = 1;
 };
 

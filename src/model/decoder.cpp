@@ -3,6 +3,7 @@
 // configuration (QKV bias, q/k norm, sliding window, rope scaling), not separate code paths.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numbers>
 
@@ -57,7 +58,7 @@ std::vector<float> vec(const WeightFiles& f, const std::string& dir, const std::
 }
 
 // Hugging Face's inv_freq, in float32 as torch computes it, with llama3 / linear scaling.
-std::vector<float> rope_inv_freq(const ModelConfig& c) {
+std::vector<float> compute_inv_freq(const ModelConfig& c) {
   const int64_t half = c.head_dim / 2;
   std::vector<float> inv(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
@@ -170,7 +171,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
   m->final_norm_ = Weight{nullptr, WType::F32, 1, H};
   m->final_norm_store_ = std::move(fn);
   m->final_norm_.data = m->final_norm_store_.data();
-  m->inv_freq_ = rope_inv_freq(c);
+  m->inv_freq_ = compute_inv_freq(c);
   if (opt.prefault) {
     f.prefault([&](size_t done, size_t total) {
       if (opt.progress) opt.progress("weights", done, total);
@@ -179,91 +180,286 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
   return m;
 }
 
-void Model::forward(const int32_t* tokens, int64_t n, const KvView& kv, float* logits, bool all_logits) const {
-  const ModelConfig& c = cfg_;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, half = hd / 2;
-  const int64_t nq = c.n_heads * hd, nkv = c.n_kv_heads * hd;
-  const int64_t pos0 = kv.n_past;
-  if (n <= 0) fail("forward: no tokens");
+namespace {
+
+// A contiguous run of positions of one sequence among the rows of a pass: attention is one
+// kernel call per run (queries pos0 .. pos0 + n - 1 over keys [0, pos0 + n)).
+struct Run {
+  int64_t seq, row0, n, pos0;
+};
+
+// The token rows one pass computes: which sequence and position each row is.
+struct Rows {
+  std::vector<int64_t> seq, pos;
+  std::vector<Run> runs;
+  int64_t size() const { return int64_t(pos.size()); }
+  void add(int64_t s, int64_t p) {
+    const int64_t r = size();
+    seq.push_back(s);
+    pos.push_back(p);
+    if (!runs.empty() && runs.back().seq == s && runs.back().pos0 + runs.back().n == p)
+      ++runs.back().n;
+    else
+      runs.push_back(Run{s, r, 1, p});
+  }
+};
+
+// Activations of one pass: x [n, H] is the residual stream; the rest is scratch.
+struct Work {
+  std::vector<float> x, h, q, k, v, att, gate, up, cos, sin, part, lse, lse_part;
+  void resize(const ModelConfig& c, int64_t n, bool paged_in) {
+    const int64_t H = c.hidden_size, nq = c.n_heads * c.head_dim, nkv = c.n_kv_heads * c.head_dim;
+    x.resize(size_t(n * H)), h.resize(size_t(n * H)), q.resize(size_t(n * nq));
+    k.resize(size_t(n * nkv)), v.resize(size_t(n * nkv)), att.resize(size_t(n * nq));
+    gate.resize(size_t(n * c.intermediate_size)), up.resize(size_t(n * c.intermediate_size));
+    cos.resize(size_t(n * c.head_dim / 2)), sin.resize(size_t(n * c.head_dim / 2));
+    if (paged_in) part.resize(size_t(n * nq)), lse.resize(size_t(n * c.n_heads)), lse_part.resize(lse.size());
+  }
+};
+
+void rope_tables(const std::vector<float>& inv_freq, const Rows& rows, Work& w) {
+  const int64_t half = int64_t(inv_freq.size());
+  for (int64_t t = 0; t < rows.size(); ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float ang = float(rows.pos[size_t(t)]) * inv_freq[size_t(i)];
+      w.cos[size_t(t * half + i)] = float(std::cos(double(ang)));
+      w.sin[size_t(t * half + i)] = float(std::sin(double(ang)));
+    }
+}
+
+void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
       fail("token id ", tokens[i], " is outside the vocabulary [0, ", c.vocab_size, ")");
+}
 
-  // Activations for this call: x [n, H], h [n, H], q [n, nq], k/v [n, nkv], attn [n, nq],
-  // gate/up [n, I].
-  std::vector<float> x(size_t(n * H)), h(size_t(n * H)), q(size_t(n * nq)), k(size_t(n * nkv)),
-      v(size_t(n * nkv)), att(size_t(n * nq)), gate(size_t(n * I)), up(size_t(n * I));
-  std::vector<float> cos(size_t(n * half)), sin(size_t(n * half));
-  for (int64_t t = 0; t < n; ++t) {
-    kernels::to_f32(static_cast<const uint8_t*>(embed_.data) + size_t(tokens[t]) * H * kernels::wtype_size(embed_.type),
-                    embed_.type, &x[size_t(t * H)], H);
-    for (int64_t i = 0; i < half; ++i) {
-      const float ang = float(pos0 + t) * inv_freq_[size_t(i)];
-      cos[size_t(t * half + i)] = float(std::cos(double(ang)));
-      sin[size_t(t * half + i)] = float(std::sin(double(ang)));
-    }
-  }
-  const float scale = 1.0f / std::sqrt(float(hd));
-  const float eps = float(c.rms_norm_eps);
-  const int32_t* table = kv.block_table;
-  std::vector<float> part, lse, lse_part;  // range-by-range attention (kv.page_in)
-  if (kv.page_in) part.resize(size_t(n * nq)), lse.resize(size_t(n * c.n_heads)), lse_part.resize(lse.size());
+// The block table of a sequence with blocks [first, first + n) resident (cold tier) or as is.
+const int32_t* table_for(const KvView& kv, int64_t first, int64_t n) {
+  return kv.page_in ? kv.page_in(first, n) : kv.block_table;
+}
+
+// Reads the K/V (f32 rows of nkv floats) stored for position p.
+inline float* slot_ptr(float* pool, const int32_t* table, int64_t bs, int64_t p, int64_t nkv) {
+  return pool + (int64_t(table[p / bs]) * bs + p % bs) * nkv;
+}
+
+}  // namespace
+
+// One decoder layer over `rows`. before_write(k, v), when set, sees the fresh post-RoPE K/V of
+// every row before they overwrite the slots (CacheBlend's deviation check).
+void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void* work_p,
+                      const std::function<void(const float*, const float*)>* before_write) const {
+  const Rows& rows = *static_cast<const Rows*>(rows_p);
+  Work& w = *static_cast<Work*>(work_p);
+  const ModelConfig& c = cfg_;
+  const Layer& L = layers_[size_t(l)];
+  const int64_t n = rows.size(), H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
+  const int64_t nq = c.n_heads * hd, nkv = c.n_kv_heads * hd;
+  const float scale = 1.0f / std::sqrt(float(hd)), eps = float(c.rms_norm_eps);
   auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
 
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const Layer& L = layers_[size_t(l)];
-    kernels::rms_norm(x.data(), L.attn_norm.data(), h.data(), n, H, eps);
-    kernels::matmul(h.data(), L.wq.data, L.wq.type, bias(L.q_bias), q.data(), n, nq, H);
-    kernels::matmul(h.data(), L.wk.data, L.wk.type, bias(L.k_bias), k.data(), n, nkv, H);
-    kernels::matmul(h.data(), L.wv.data, L.wv.type, bias(L.v_bias), v.data(), n, nkv, H);
-    if (c.qk_norm) {
-      kernels::rms_norm(q.data(), L.q_norm.data(), q.data(), n * c.n_heads, hd, eps);
-      kernels::rms_norm(k.data(), L.k_norm.data(), k.data(), n * c.n_kv_heads, hd, eps);
-    }
-    kernels::rope_rotate_half(q.data(), cos.data(), sin.data(), n, c.n_heads, hd);
-    kernels::rope_rotate_half(k.data(), cos.data(), sin.data(), n, c.n_kv_heads, hd);
-    const int64_t bs = kv.block_size;
-    if (kv.page_in) table = kv.page_in(pos0 / bs, (pos0 + n - 1) / bs - pos0 / bs + 1);
-    for (int64_t t = 0; t < n; ++t) {  // K/V of position pos0 + t into its slot
-      const int64_t p = pos0 + t;
-      const int64_t slot = int64_t(table[p / bs]) * bs + p % bs;
-      std::memcpy(kv.k_pools[l] + slot * nkv, &k[size_t(t * nkv)], size_t(nkv) * sizeof(float));
-      std::memcpy(kv.v_pools[l] + slot * nkv, &v[size_t(t * nkv)], size_t(nkv) * sizeof(float));
-    }
-    if (!kv.page_in) {
-      kernels::paged_attention(q.data(), kv.k_pools[l], kv.v_pools[l], table, att.data(), n, pos0,
-                               pos0 + n, bs, c.n_heads, c.n_kv_heads, hd, L.window, scale);
-    } else {
-      // K/V in ranges of blocks, each paged in before use; the scan direction alternates per
-      // layer so that the blocks an LRU hot pool still holds are the ones needed first.
-      const int64_t n_blocks = (pos0 + n + bs - 1) / bs, rb = std::max<int64_t>(1, kv.range_blocks);
-      const int64_t n_ranges = (n_blocks + rb - 1) / rb;
-      std::fill(lse.begin(), lse.end(), -std::numeric_limits<float>::infinity());
-      for (int64_t i = 0; i < n_ranges; ++i) {
-        const int64_t b0 = (l % 2 == 0 ? i : n_ranges - 1 - i) * rb, nb = std::min(rb, n_blocks - b0);
-        const int64_t k0 = b0 * bs, k1 = std::min(pos0 + n, (b0 + nb) * bs);
-        if (L.window > 0 && k1 <= pos0 - L.window + 1) continue;  // outside every query's window
-        table = kv.page_in(b0, nb);
-        kernels::paged_attention_lse(q.data(), kv.k_pools[l], kv.v_pools[l], table + b0, part.data(),
-                                     lse_part.data(), n, pos0 - k0, k1 - k0, bs, c.n_heads, c.n_kv_heads,
-                                     hd, L.window, scale);
-        kernels::attention_merge(att.data(), lse.data(), part.data(), lse_part.data(), n * c.n_heads, hd);
-      }
-    }
-    kernels::matmul(att.data(), L.wo.data, L.wo.type, bias(L.o_bias), h.data(), n, H, nq);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += h[i];
-
-    kernels::rms_norm(x.data(), L.mlp_norm.data(), h.data(), n, H, eps);
-    kernels::matmul(h.data(), L.w_gate.data, L.w_gate.type, nullptr, gate.data(), n, I, H);
-    kernels::matmul(h.data(), L.w_up.data, L.w_up.type, nullptr, up.data(), n, I, H);
-    kernels::silu_mul(gate.data(), up.data(), gate.data(), n * I);
-    kernels::matmul(gate.data(), L.w_down.data, L.w_down.type, nullptr, h.data(), n, H, I);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += h[i];
+  kernels::rms_norm(w.x.data(), L.attn_norm.data(), w.h.data(), n, H, eps);
+  kernels::matmul(w.h.data(), L.wq.data, L.wq.type, bias(L.q_bias), w.q.data(), n, nq, H);
+  kernels::matmul(w.h.data(), L.wk.data, L.wk.type, bias(L.k_bias), w.k.data(), n, nkv, H);
+  kernels::matmul(w.h.data(), L.wv.data, L.wv.type, bias(L.v_bias), w.v.data(), n, nkv, H);
+  if (c.qk_norm) {
+    kernels::rms_norm(w.q.data(), L.q_norm.data(), w.q.data(), n * c.n_heads, hd, eps);
+    kernels::rms_norm(w.k.data(), L.k_norm.data(), w.k.data(), n * c.n_kv_heads, hd, eps);
   }
-  const int64_t first = all_logits ? 0 : n - 1;
-  const int64_t rows = n - first;
-  kernels::rms_norm(&x[size_t(first * H)], final_norm_store_.data(), h.data(), rows, H, eps);
-  kernels::matmul(h.data(), lm_head_.data, lm_head_.type, nullptr, logits, rows, c.vocab_size, H);
+  kernels::rope_rotate_half(w.q.data(), w.cos.data(), w.sin.data(), n, c.n_heads, hd);
+  kernels::rope_rotate_half(w.k.data(), w.cos.data(), w.sin.data(), n, c.n_kv_heads, hd);
+  if (before_write) (*before_write)(w.k.data(), w.v.data());
+
+  // Every row's K/V into its slot first, so that a run attends to rows of earlier runs.
+  for (const Run& r : rows.runs) {
+    const KvView& kv = seqs[r.seq].kv;
+    const int64_t bs = kv.block_size;
+    const int32_t* table = table_for(kv, r.pos0 / bs, (r.pos0 + r.n - 1) / bs - r.pos0 / bs + 1);
+    for (int64_t t = 0; t < r.n; ++t) {
+      const int64_t p = r.pos0 + t, row = r.row0 + t;
+      std::memcpy(slot_ptr(kv.k_pools[l], table, bs, p, nkv), &w.k[size_t(row * nkv)], size_t(nkv) * sizeof(float));
+      std::memcpy(slot_ptr(kv.v_pools[l], table, bs, p, nkv), &w.v[size_t(row * nkv)], size_t(nkv) * sizeof(float));
+    }
+  }
+  for (const Run& r : rows.runs) {
+    const KvView& kv = seqs[r.seq].kv;
+    const int64_t bs = kv.block_size, end = r.pos0 + r.n;
+    float* att = &w.att[size_t(r.row0 * nq)];
+    const float* q = &w.q[size_t(r.row0 * nq)];
+    if (!kv.page_in) {
+      kernels::paged_attention(q, kv.k_pools[l], kv.v_pools[l], kv.block_table, att, r.n, r.pos0, end, bs,
+                               c.n_heads, c.n_kv_heads, hd, L.window, scale);
+      continue;
+    }
+    // K/V in ranges of blocks, each paged in before use; the scan direction alternates per
+    // layer so that the blocks an LRU hot pool still holds are the ones needed first.
+    float* lse = &w.lse[size_t(r.row0 * c.n_heads)];
+    float* part = &w.part[size_t(r.row0 * nq)];
+    float* lse_part = &w.lse_part[size_t(r.row0 * c.n_heads)];
+    const int64_t n_blocks = (end + bs - 1) / bs, rb = std::max<int64_t>(1, kv.range_blocks);
+    const int64_t n_ranges = (n_blocks + rb - 1) / rb;
+    std::fill(lse, lse + r.n * c.n_heads, -std::numeric_limits<float>::infinity());
+    for (int64_t i = 0; i < n_ranges; ++i) {
+      const int64_t b0 = (l % 2 == 0 ? i : n_ranges - 1 - i) * rb, nb = std::min(rb, n_blocks - b0);
+      const int64_t k0 = b0 * bs, k1 = std::min(end, (b0 + nb) * bs);
+      if (L.window > 0 && k1 <= r.pos0 - L.window + 1) continue;  // outside every query's window
+      const int32_t* table = kv.page_in(b0, nb);
+      kernels::paged_attention_lse(q, kv.k_pools[l], kv.v_pools[l], table + b0, part, lse_part, r.n, r.pos0 - k0,
+                                   k1 - k0, bs, c.n_heads, c.n_kv_heads, hd, L.window, scale);
+      kernels::attention_merge(att, lse, part, lse_part, r.n * c.n_heads, hd);
+    }
+  }
+  kernels::matmul(w.att.data(), L.wo.data, L.wo.type, bias(L.o_bias), w.h.data(), n, H, nq);
+  for (int64_t i = 0; i < n * H; ++i) w.x[size_t(i)] += w.h[size_t(i)];
+
+  kernels::rms_norm(w.x.data(), L.mlp_norm.data(), w.h.data(), n, H, eps);
+  kernels::matmul(w.h.data(), L.w_gate.data, L.w_gate.type, nullptr, w.gate.data(), n, I, H);
+  kernels::matmul(w.h.data(), L.w_up.data, L.w_up.type, nullptr, w.up.data(), n, I, H);
+  kernels::silu_mul(w.gate.data(), w.up.data(), w.gate.data(), n * I);
+  kernels::matmul(w.gate.data(), L.w_down.data, L.w_down.type, nullptr, w.h.data(), n, H, I);
+  for (int64_t i = 0; i < n * H; ++i) w.x[size_t(i)] += w.h[size_t(i)];
+}
+
+void Model::embed(const int32_t* tokens, int64_t n, float* x) const {
+  const int64_t H = cfg_.hidden_size;
+  const size_t row_bytes = size_t(H) * kernels::wtype_size(embed_.type);
+  for (int64_t t = 0; t < n; ++t)
+    kernels::to_f32(static_cast<const uint8_t*>(embed_.data) + size_t(tokens[t]) * row_bytes, embed_.type,
+                    x + t * H, H);
+}
+
+void Model::forward(const int32_t* tokens, int64_t n, const KvView& kv, float* logits, bool all_logits) const {
+  if (n <= 0) fail("forward: no tokens");
+  SeqBatch s;
+  s.tokens = tokens;
+  s.n = n;
+  s.kv = kv;
+  s.logits = logits;
+  s.n_logits = all_logits ? n : 1;
+  forward_batch(&s, 1);
+}
+
+void Model::forward_batch(const SeqBatch* seqs, int64_t n_seqs) const {
+  const ModelConfig& c = cfg_;
+  const int64_t H = c.hidden_size;
+  Rows rows;
+  bool paged_in = false;
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const SeqBatch& b = seqs[s];
+    if (b.n <= 0) fail("forward: sequence ", s, " of the batch has no tokens");
+    check_tokens(c, b.tokens, b.n);
+    for (int64_t i = 0; i < b.n; ++i) {
+      const int64_t p = b.positions ? b.positions[i] : b.kv.n_past + i;
+      if (b.positions && i > 0 && p <= b.positions[i - 1])
+        fail("forward: positions of sequence ", s, " are not increasing at index ", i);
+      rows.add(s, p);
+    }
+    paged_in = paged_in || bool(b.kv.page_in);
+  }
+  const int64_t n = rows.size();
+  if (n == 0) return;
+  Work w;
+  w.resize(c, n, paged_in);
+  for (int64_t s = 0, row = 0; s < n_seqs; row += seqs[s].n, ++s) embed(seqs[s].tokens, seqs[s].n, &w.x[size_t(row * H)]);
+  rope_tables(inv_freq_, rows, w);
+  for (int64_t l = 0; l < c.n_layers; ++l) run_layer(l, seqs, &rows, &w, nullptr);
+
+  // Logits: the requested rows of every sequence in one matmul.
+  std::vector<int64_t> src;
+  for (int64_t s = 0, row = 0; s < n_seqs; row += seqs[s].n, ++s)
+    if (seqs[s].logits)
+      for (int64_t i = seqs[s].n - std::clamp<int64_t>(seqs[s].n_logits, 0, seqs[s].n); i < seqs[s].n; ++i)
+        src.push_back(row + i);
+  if (src.empty()) return;
+  const int64_t m = int64_t(src.size());
+  std::vector<float> xs(size_t(m * H));
+  for (int64_t i = 0; i < m; ++i) std::memcpy(&xs[size_t(i * H)], &w.x[size_t(src[size_t(i)] * H)], size_t(H) * sizeof(float));
+  kernels::rms_norm(xs.data(), final_norm_store_.data(), xs.data(), m, H, float(c.rms_norm_eps));
+  const bool direct = n_seqs == 1;  // one sequence: straight into its buffer
+  std::vector<float> out(direct ? 0 : size_t(m * c.vocab_size));
+  float* y = direct ? seqs[0].logits : out.data();
+  kernels::matmul(xs.data(), lm_head_.data, lm_head_.type, nullptr, y, m, c.vocab_size, H);
+  if (direct) return;
+  for (int64_t s = 0, i = 0; s < n_seqs; ++s) {
+    if (!seqs[s].logits) continue;
+    const int64_t k = std::clamp<int64_t>(seqs[s].n_logits, 0, seqs[s].n);
+    std::memcpy(seqs[s].logits, &out[size_t(i * c.vocab_size)], size_t(k * c.vocab_size) * sizeof(float));
+    i += k;
+  }
+}
+
+BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& kv, const BlendOptions& opt,
+                                float* logits) const {
+  const ModelConfig& c = cfg_;
+  const int64_t H = c.hidden_size, nkv = c.n_kv_heads * c.head_dim;
+  if (n <= 0) fail("forward_blend: no tokens");
+  if (kv.page_in) fail("forward_blend: K/V in a cold tier are not supported (use selective repair)");
+  if (opt.ratio < 0 || opt.ratio > 1) fail("blend ratio ", opt.ratio, " is outside [0, 1]");
+  check_tokens(c, tokens, n);
+  SeqBatch seq;
+  seq.kv = kv;
+  Rows rows;
+  for (int64_t i = 0; i < n; ++i) rows.add(0, kv.n_past + i);
+  Work w;
+  w.resize(c, n, false);
+  embed(tokens, n, w.x.data());
+  rope_tables(inv_freq_, rows, w);
+  const int64_t check = std::clamp<int64_t>(opt.check_layer, 0, c.n_layers - 1);
+  BlendStats st;
+  for (int64_t l = 0; l < check; ++l) run_layer(l, &seq, &rows, &w, nullptr);
+  // Deviation of each reused token's fresh K/V from its cached K/V at the check layer.
+  std::vector<float> dev(size_t(n), 0.0f);
+  const std::function<void(const float*, const float*)> measure = [&](const float* k, const float* v) {
+    const int64_t bs = kv.block_size;
+    for (int64_t t = 0; t < n; ++t) {
+      if (!opt.reused || !opt.reused[t]) continue;
+      const int64_t p = kv.n_past + t;
+      const float* ck = slot_ptr(kv.k_pools[check], kv.block_table, bs, p, nkv);
+      const float* cv = slot_ptr(kv.v_pools[check], kv.block_table, bs, p, nkv);
+      double d = 0;
+      for (int64_t i = 0; i < nkv; ++i) {
+        const double dk = double(k[t * nkv + i]) - ck[i], dv = double(v[t * nkv + i]) - cv[i];
+        d += dk * dk + dv * dv;
+      }
+      dev[size_t(t)] = float(d);
+    }
+  };
+  run_layer(check, &seq, &rows, &w, &measure);
+  st.n_full_layers = check + 1;
+
+  // Rows that go on: every non-reused token, the last token, and the most deviated reused ones.
+  std::vector<int64_t> cand;
+  std::vector<uint8_t> keep(size_t(n), 0);
+  for (int64_t t = 0; t < n; ++t) {
+    if (opt.reused && opt.reused[t] && t != n - 1)
+      cand.push_back(t);
+    else
+      keep[size_t(t)] = 1;
+  }
+  const int64_t n_sel = std::min<int64_t>(int64_t(cand.size()), int64_t(std::ceil(double(opt.ratio) * double(cand.size()))));
+  std::partial_sort(cand.begin(), cand.begin() + n_sel, cand.end(), [&](int64_t a, int64_t b) {
+    return dev[size_t(a)] != dev[size_t(b)] ? dev[size_t(a)] > dev[size_t(b)] : a < b;
+  });
+  for (int64_t i = 0; i < n_sel; ++i) keep[size_t(cand[size_t(i)])] = 1;
+  st.n_selected = n_sel;
+  Rows late;
+  Work w2;
+  int64_t m = 0;
+  for (int64_t t = 0; t < n; ++t) m += keep[size_t(t)];
+  w2.resize(c, m, false);
+  for (int64_t t = 0, r = 0; t < n; ++t) {
+    if (!keep[size_t(t)]) continue;
+    late.add(0, kv.n_past + t);
+    std::memcpy(&w2.x[size_t(r * H)], &w.x[size_t(t * H)], size_t(H) * sizeof(float));
+    ++r;
+  }
+  st.n_rows_late = m;
+  w = Work();
+  rope_tables(inv_freq_, late, w2);
+  for (int64_t l = check + 1; l < c.n_layers; ++l) run_layer(l, &seq, &late, &w2, nullptr);
+  kernels::rms_norm(&w2.x[size_t((m - 1) * H)], final_norm_store_.data(), w2.h.data(), 1, H, float(c.rms_norm_eps));
+  kernels::matmul(w2.h.data(), lm_head_.data, lm_head_.type, nullptr, logits, 1, c.vocab_size, H);
+  return st;
 }
 
 }  // namespace kvboost

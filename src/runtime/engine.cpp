@@ -1,16 +1,34 @@
-// Engine: paged KV memory with automatic prefix caching; prefill the uncached part of the prompt
-// in one batched forward pass, then decode one token at a time, streaming text that is final
-// (whole UTF-8 characters, never the start of a stop string).
+// Engine: continuous batching over paged KV memory. Requests are queued by submit(); each step()
+// admits what fits, then runs one forward pass holding a decode token of every decoding request
+// and a bounded chunk of prompt tokens of prefilling ones (so a long prompt never stalls running
+// decodes), samples, and streams text that is final (whole UTF-8 characters, never the start of a
+// stop string). KV exhaustion preempts the newest request; it resumes by recomputation, which the
+// prefix cache makes cheap.
 #include <algorithm>
 
-#include "kvboost/runtime.h"
+#include "request.h"
 
 namespace kvboost {
 
+// ---- Request -----------------------------------------------------------------------------------
+
+Request::Request(std::unique_ptr<State> s) : st_(std::move(s)) {}
+Request::~Request() = default;
+bool Request::done() const { return st_->done_flag.load(); }
+void Request::cancel() { st_->cancel_flag.store(true); }
+GenerateResult Request::result() const {
+  std::lock_guard<std::mutex> lock(st_->mu);
+  return st_->res;
+}
+
+// ---- Engine ------------------------------------------------------------------------------------
+
 Engine::Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt)
-    : model_(std::move(m)), tok_(std::move(t)), block_size_(opt.block_size) {
+    : model_(std::move(m)), tok_(std::move(t)), opt_(opt), block_size_(opt.block_size) {
   const ModelConfig& c = model_->config();
   if (block_size_ <= 0) fail("block size ", block_size_, " must be positive");
+  if (opt_.max_batch < 1) fail("max_batch ", opt_.max_batch, " must be at least 1");
+  if (opt_.prefill_chunk < 1) fail("prefill_chunk ", opt_.prefill_chunk, " must be at least 1");
   size_t budget = opt.kv_budget_bytes;
   if (budget == 0) {
     const size_t per_token = size_t(2 * c.n_layers * c.n_kv_heads * c.head_dim) * sizeof(float);
@@ -28,6 +46,18 @@ Engine::Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt)
     cold_ = std::make_unique<kv::FileColdStore>(opt.cold_dir, store_->block_bytes());
     kv_->attach_cold_tier(store_.get(), cold_.get());
   }
+  // Model identity for chunk keys: architecture, shapes and the weights' size; stored chunks of
+  // one model are never used by another.
+  model_id_ = opt_.chunk_store.model_id;
+  if (model_id_.empty()) {
+    model_id_ = c.model_type + "/" + std::to_string(c.hidden_size) + "x" + std::to_string(c.n_layers) + "/" +
+                std::to_string(c.n_kv_heads) + "x" + std::to_string(c.head_dim) + "/v" + std::to_string(c.vocab_size) +
+                "/w" + std::to_string(model_->weight_bytes()) + "/rope" + std::to_string(c.rope_theta);
+    opt_.chunk_store.model_id = model_id_;
+  }
+  if (opt_.chunk_size < 1) fail("chunk size ", opt_.chunk_size, " must be positive");
+  if (opt_.chunk_store.ram_bytes > 0)
+    chunks_ = std::make_unique<kv::ChunkStore>(kv::ChunkShape{c.n_layers, c.n_kv_heads, c.head_dim}, opt_.chunk_store);
 }
 
 Engine::~Engine() = default;
@@ -54,121 +84,343 @@ kv::KvStats Engine::kv_stats() const {
   return kv_->stats();
 }
 
+bool Engine::has_work() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !waiting_.empty() || !running_.empty();
+}
+
 GenerateResult Engine::generate(std::string_view prompt, const GenerateOptions& opt) {
   return generate_ids(tok_.encode(prompt, opt.add_special), opt);
 }
 
 GenerateResult Engine::generate_ids(const std::vector<int32_t>& ids, const GenerateOptions& opt) {
+  std::shared_ptr<Request> req = submit(ids, opt);
+  while (!req->done()) step();
+  GenerateResult r = req->result();
+  if (r.finish_reason == "error") fail(r.error);
+  return r;
+}
+
+std::shared_ptr<Request> Engine::submit(std::vector<int32_t> ids, GenerateOptions opt) {
   if (ids.empty()) fail("the prompt is empty (no tokens)");
   if (opt.max_new_tokens < 0) fail("max_new_tokens = ", opt.max_new_tokens, " must be >= 0");
   const int64_t ctx = context_length();
   if (int64_t(ids.size()) >= ctx)
     fail("the prompt has ", ids.size(), " tokens but the model's context is ", ctx,
          " (max_position_embeddings): no room to generate");
+  const ModelConfig& cfg = model_->config();
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= cfg.vocab_size)
+      fail("prompt token ", i, " has id ", ids[i], ", outside the vocabulary [0, ", cfg.vocab_size, ")");
+  for (size_t i = 0; i < opt.segment_starts.size(); ++i) {
+    const int64_t s = opt.segment_starts[i];
+    if (s <= 0 || s >= int64_t(ids.size()) || (i > 0 && s <= opt.segment_starts[i - 1]))
+      fail("segment start ", s, " (index ", i, ") must be increasing and inside (0, ", ids.size(), ")");
+  }
+  const SamplerConfig sc = resolve_sampling(opt.sampling, cfg.generation);
+  validate_sampling(sc);
+  auto st = std::make_unique<Request::State>(std::move(ids), std::move(opt), sc, tok_);
+  Request::State& r = *st;
+  r.eos = cfg.eos_token_ids;
+  if (r.eos.empty() && tok_.eos_id()) r.eos.push_back(*tok_.eos_id());
+  r.res.prompt_ids = r.prompt;
+  r.res.finish_reason = "length";
+  r.history = r.prompt;
+  r.context = r.prompt;
+  r.logits.resize(size_t(cfg.vocab_size));
+  // Without prefix caching no block is ever registered under this namespace, so nothing is hit.
+  r.ns = r.opt.prefix_cache ? "u:" + r.opt.cache_namespace : std::string("\x01uncached");
+  r.t_submit = now_ms();
+  auto req = std::make_shared<Request>(std::move(st));
   std::lock_guard<std::mutex> lock(mu_);
-  const kv::SeqId seq = next_seq_++;
-  // The sequence's blocks go back to the pool (staying cached) however the request ends.
-  struct Release {
-    kv::KvCacheManager* kv;
-    kv::SeqId seq;
-    ~Release() {
-      if (kv->has_seq(seq)) kv->free(seq);
-    }
-  } release{kv_.get(), seq};
-  return run(ids, opt, seq);
+  if (r.opt.max_new_tokens == 0) {
+    r.phase = Request::State::Phase::kDone;
+    r.done_flag = true;
+    return req;
+  }
+  waiting_.push_back(req);
+  return req;
 }
 
-GenerateResult Engine::run(const std::vector<int32_t>& ids, const GenerateOptions& opt, kv::SeqId seq) {
-  const ModelConfig& cfg = model_->config();
-  const int64_t ctx = context_length();
-  Sampler sampler(resolve_sampling(opt.sampling, cfg.generation));
-  std::vector<int32_t> eos = cfg.eos_token_ids;
-  if (eos.empty() && tok_.eos_id()) eos.push_back(*tok_.eos_id());
-
-  GenerateResult r;
-  r.prompt_ids = ids;
-  r.finish_reason = "length";
-  if (opt.max_new_tokens == 0) return r;
-
-  // Without prefix caching no block is ever registered under this namespace, so nothing is hit.
-  const std::string ns = opt.prefix_cache ? "u:" + opt.cache_namespace : std::string("\x01uncached");
-  const double t0 = now_ms();
-  auto alloc = kv_->allocate_for_prompt(seq, ids, ns);
-  if (!alloc)
-    fail("KV memory exhausted: the prompt needs ", (ids.size() + block_size_ - 1) / block_size_, " blocks of ",
-         block_size_, " tokens but the pool has ", kv_->stats().blocks_free, " free (raise the KV budget)");
+bool Engine::admit(Request::State& r) {
+  r.seq = next_seq_++;
+  auto alloc = kv_->allocate_for_prompt(r.seq, r.context, r.ns);
+  if (!alloc) return false;
   for (const auto& c : alloc->copies) store_->copy_block(c.src, c.dst);
-  r.n_cached = alloc->n_cached;
-  auto view = [&](int64_t n_past) {
-    KvView v;
-    v.k_pools = k_pools_.data();
-    v.v_pools = v_pools_.data();
-    v.block_table = kv_->block_table(seq).data();
-    v.block_size = block_size_;
-    v.n_past = n_past;
-    if (cold_) {
-      // Half the hot pool per attention range leaves room for the blocks being written.
-      v.range_blocks = std::max<int64_t>(1, store_->n_blocks() / 2);
-      v.page_in = [this, seq](int64_t first, int64_t n) {
-        if (!kv_->ensure_resident(seq, first, n))
-          fail("KV memory exhausted: cannot page in ", n, " blocks (hot pool of ", store_->n_blocks(), " blocks)");
-        return kv_->block_table(seq).data();
-      };
-    }
-    return v;
-  };
-  std::vector<float> logits(size_t(cfg.vocab_size));
-  model_->forward(ids.data() + r.n_cached, int64_t(ids.size()) - r.n_cached, view(r.n_cached), logits.data());
-  if (opt.prefix_cache) kv_->commit_full_blocks(seq, ids);
-  r.prefill_ms = now_ms() - t0;
+  r.todo.clear();
+  r.todo_next = 0;
+  for (int64_t p = alloc->n_cached; p < int64_t(r.context.size()); ++p) r.todo.push_back(int32_t(p));
+  if (!r.admitted_once) plan_reuse(r, alloc->n_cached);
+  if (!r.admitted_once) {
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.t_admit = now_ms();
+    r.res.queue_ms = r.t_admit - r.t_submit;
+  }
+  r.admitted_once = true;
+  r.phase = Request::State::Phase::kPrefill;
+  return true;
+}
 
-  StreamDecoder dec(tok_, /*skip_special=*/true);
-  StopMatcher stop(opt.stop);
-  std::vector<int32_t> history = ids;
-  double t_first = 0;
+void Engine::release(Request::State& r) {
+  if (r.seq && kv_->has_seq(r.seq)) kv_->free(r.seq);
+  r.seq = 0;
+}
+
+void Engine::finish(Request::State& r, const char* reason) {
+  release(r);
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.res.finish_reason = reason;
+    const double t = now_ms();
+    r.res.total_ms = t - r.t_submit;
+    r.res.decode_ms = r.res.output_ids.empty() ? 0 : t - r.t_first;
+  }
+  r.phase = Request::State::Phase::kDone;
+  r.done_flag = true;
+}
+
+void Engine::preempt(Request::State& r) {
+  release(r);
+  r.context = r.history;  // the pending sampled token included: its prefill logits give the next
+  r.todo.clear();
+  r.todo_next = 0;
+  r.blend = false;
+  r.phase = Request::State::Phase::kWaiting;
+  std::lock_guard<std::mutex> lock(r.mu);
+  ++r.res.n_preempted;
+}
+
+KvView Engine::view_of(Request::State& r, int64_t n_past) {
+  KvView v;
+  v.k_pools = k_pools_.data();
+  v.v_pools = v_pools_.data();
+  v.block_table = kv_->block_table(r.seq).data();
+  v.block_size = block_size_;
+  v.n_past = n_past;
+  if (cold_) {
+    // Half the hot pool per attention range leaves room for the blocks being written.
+    v.range_blocks = std::max<int64_t>(1, store_->n_blocks() / 2);
+    const kv::SeqId seq = r.seq;
+    v.page_in = [this, seq](int64_t first, int64_t n) {
+      if (!kv_->ensure_resident(seq, first, n))
+        fail("KV memory exhausted: cannot page in ", n, " blocks (hot pool of ", store_->n_blocks(), " blocks)");
+      return kv_->block_table(seq).data();
+    };
+  }
+  return v;
+}
+
+// The request's logits are ready (end of its prefill, or a decode token): sample, stream, and
+// decide whether it goes on.
+void Engine::after_logits(Request::State& r, float* logits) {
+  const ModelConfig& cfg = model_->config();
+  const int64_t n_kv = int64_t(r.history.size());  // tokens whose K/V are now stored
+  if (r.opt.prefix_cache) {
+    const size_t n = size_t(std::min<int64_t>(n_kv, r.exact_limit));
+    kv_->commit_full_blocks(r.seq, std::span<const int32_t>(r.history.data(), n));
+  }
+  if (r.opt.on_logits) r.opt.on_logits(logits, cfg.vocab_size);
+  const int32_t tok = r.forced_next < r.opt.forced_output.size() ? r.opt.forced_output[r.forced_next++]
+                                                                  : r.sampler.sample(logits, cfg.vocab_size, r.history);
+  std::string text;
+  const char* end = nullptr;
   bool cancelled = false;
-  auto emit = [&](const std::string& s) {
-    if (s.empty() || cancelled) return;
-    r.text += s;
-    if (opt.on_text && !opt.on_text(s)) cancelled = true;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (r.res.output_ids.empty()) {
+      r.t_first = now_ms();
+      r.res.ttft_ms = r.t_first - r.t_submit;
+      r.res.prefill_ms = r.t_first - r.t_admit;
+    }
+    r.res.output_ids.push_back(tok);
+  }
+  r.history.push_back(tok);
+  if (!r.opt.ignore_eos && std::find(r.eos.begin(), r.eos.end(), tok) != r.eos.end()) {
+    end = "stop";
+  } else {
+    text = r.stop.push(r.dec.push(tok));
+    if (r.stop.stopped()) end = "stop";
+  }
+  const int out = int(r.res.output_ids.size());
+  if (!end && (out >= r.opt.max_new_tokens || int64_t(r.history.size()) >= context_length())) end = "length";
+  if (end && !r.stop.stopped()) {  // a normal end: release what was held back
+    text += r.stop.push(r.dec.finish());
+    if (r.stop.stopped()) end = "stop";
+    text += r.stop.flush();
+  }
+  if (!text.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      r.res.text += text;
+    }
+    if (r.opt.on_text && !r.opt.on_text(text)) cancelled = true;
+  }
+  if (end) {
+    finish(r, end);
+  } else if (cancelled) {
+    finish(r, "cancelled");
+  } else {
+    r.phase = Request::State::Phase::kDecode;
+  }
+}
+
+StepStats Engine::step() {
+  using Phase = Request::State::Phase;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto st = [](const std::shared_ptr<Request>& q) -> Request::State& { return *q->st_; };
+  auto fail_request = [&](Request::State& r, const std::string& why) {
+    {
+      std::lock_guard<std::mutex> l(r.mu);
+      r.res.error = why;
+    }
+    finish(r, "error");
   };
-  for (int i = 0; i < opt.max_new_tokens; ++i) {
-    const int32_t tok = sampler.sample(logits.data(), cfg.vocab_size, history);
-    if (i == 0) {
-      t_first = now_ms();
-      r.ttft_ms = t_first - t0;
-    }
-    r.output_ids.push_back(tok);
-    history.push_back(tok);
-    if (!opt.ignore_eos && std::find(eos.begin(), eos.end(), tok) != eos.end()) {
-      r.finish_reason = "stop";
-      break;
-    }
-    emit(stop.push(dec.push(tok)));
-    if (stop.stopped()) {
-      r.finish_reason = "stop";
-      break;
-    }
-    if (cancelled) {
-      r.finish_reason = "cancelled";
-      break;
-    }
-    // prompt + output never exceed the context (max_position_embeddings)
-    if (i + 1 == opt.max_new_tokens || int64_t(history.size()) >= ctx) break;
-    auto slot = kv_->append_slot(seq);
-    if (!slot)
-      fail("KV memory exhausted after ", history.size() - 1, " tokens (raise the KV budget)");
-    if (slot->copy) store_->copy_block(slot->copy->src, slot->copy->dst);
-    model_->forward(&tok, 1, view(int64_t(history.size()) - 1), logits.data());
-    if (opt.prefix_cache) kv_->commit_full_blocks(seq, history);
+  // 1. Cancelled requests leave, their KV freed.
+  for (auto* list : {&running_, &waiting_}) {
+    for (auto& q : *list)
+      if (st(q).cancel_flag && st(q).phase != Phase::kDone) finish(st(q), "cancelled");
+    std::erase_if(*list, [&](const auto& q) { return st(q).phase == Phase::kDone; });
   }
-  if (!stop.stopped() && !cancelled) {
-    emit(stop.push(dec.finish()));
-    if (stop.stopped()) r.finish_reason = "stop";
-    emit(stop.flush());
+  // 2. Admission, first come first served. With a cold tier, one sequence at a time (paging in
+  // for one sequence may spill another's blocks mid-pass).
+  const size_t max_running = cold_ ? 1 : size_t(opt_.max_batch);
+  while (!waiting_.empty() && running_.size() < max_running) {
+    Request::State& r = st(waiting_.front());
+    bool ok = false;
+    try {
+      ok = admit(r);
+    } catch (const std::exception& e) {
+      release(r);
+      fail_request(r, e.what());
+      waiting_.erase(waiting_.begin());
+      continue;
+    }
+    if (!ok) {
+      if (running_.empty()) {  // nothing will ever free memory for it
+        fail_request(r, "KV memory exhausted: the prompt needs " + std::to_string((r.context.size() + block_size_ - 1) / block_size_) +
+                            " blocks of " + std::to_string(block_size_) + " tokens but the pool has " +
+                            std::to_string(kv_->stats().n_blocks) + " (raise the KV budget)");
+        waiting_.erase(waiting_.begin());
+        continue;
+      }
+      break;
+    }
+    running_.push_back(waiting_.front());
+    waiting_.erase(waiting_.begin());
   }
-  r.decode_ms = r.output_ids.empty() ? 0 : now_ms() - t_first;
-  return r;
+  // 3. Slots for decode tokens, oldest first; exhaustion preempts the newest request.
+  StepStats ss;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Request::State& r = st(running_[i]);
+    if (r.phase != Phase::kDecode) continue;
+    for (;;) {
+      auto slot = kv_->append_slot(r.seq);
+      if (slot) {
+        if (slot->copy) store_->copy_block(slot->copy->src, slot->copy->dst);
+        break;
+      }
+      if (running_.size() == 1) {
+        fail_request(r, "KV memory exhausted after " + std::to_string(r.history.size() - 1) +
+                            " tokens (raise the KV budget or set a cold tier)");
+        break;
+      }
+      Request::State& victim = st(running_.back());
+      preempt(victim);
+      waiting_.insert(waiting_.begin(), running_.back());
+      running_.pop_back();
+      if (&victim == &r) break;
+    }
+  }
+  std::erase_if(running_, [&](const auto& q) { return st(q).phase == Phase::kDone || st(q).phase == Phase::kWaiting; });
+
+  // 4. One forward pass: decode tokens, then prompt chunks within the prefill budget.
+  std::vector<SeqBatch> batch;
+  std::vector<Request::State*> owners;
+  std::vector<Request::State*> blends;
+  int64_t budget = opt_.prefill_chunk;
+  for (auto& q : running_) {
+    Request::State& r = st(q);
+    SeqBatch b;
+    if (r.phase == Phase::kDecode) {
+      b.tokens = &r.history.back();
+      b.n = 1;
+      b.kv = view_of(r, int64_t(r.history.size()) - 1);
+      b.logits = r.logits.data();
+      ++ss.n_decode;
+    } else if (r.phase == Phase::kPrefill) {
+      if (r.blend) {
+        blends.push_back(&r);
+        continue;
+      }
+      const int64_t left = int64_t(r.todo.size() - r.todo_next);
+      if (budget <= 0 && left > 0) continue;
+      const int64_t take = std::min(left, budget);
+      budget -= take;
+      if (take == 0) {  // nothing to compute (cannot happen: the last token is always computed)
+        continue;
+      }
+      b.positions = &r.todo[r.todo_next];
+      // tokens at those positions: gather (positions may be scattered after a reuse plan)
+      b.n = take;
+      b.kv = view_of(r, 0);
+      const bool last = r.todo_next + size_t(take) == r.todo.size();
+      b.logits = last ? r.logits.data() : nullptr;
+      ss.n_prefill_tokens += take;
+    } else {
+      continue;
+    }
+    batch.push_back(b);
+    owners.push_back(&r);
+  }
+  // Prefill tokens are gathered from the context by position.
+  std::vector<std::vector<int32_t>> gathered(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].positions) continue;
+    Request::State& r = *owners[i];
+    for (int64_t j = 0; j < batch[i].n; ++j) gathered[i].push_back(r.context[size_t(batch[i].positions[j])]);
+    batch[i].tokens = gathered[i].data();
+  }
+  try {
+    if (!batch.empty()) model_->forward_batch(batch.data(), int64_t(batch.size()));
+  } catch (const std::exception& e) {
+    for (auto* r : owners) fail_request(*r, e.what());
+    owners.clear();
+  }
+  for (size_t i = 0; i < owners.size(); ++i) {
+    Request::State& r = *owners[i];
+    if (r.phase == Phase::kPrefill) {
+      r.todo_next += size_t(batch[i].n);
+      if (r.todo_next < r.todo.size()) continue;
+      r.history = r.context;  // (a resumed request's context is its history)
+      if (r.res.output_ids.empty()) store_chunks(r);
+    }
+    after_logits(r, r.logits.data());
+  }
+  for (Request::State* r : blends) {
+    try {
+      BlendOptions bo;
+      bo.ratio = r->opt.reuse.blend_ratio;
+      bo.check_layer = r->opt.reuse.blend_check_layer;
+      bo.reused = r->reused.data();
+      const int64_t n = int64_t(r->context.size()) - r->blend_from;
+      const BlendStats bs = model_->forward_blend(r->context.data() + r->blend_from, n, view_of(*r, r->blend_from), bo,
+                                                  r->logits.data());
+      ss.n_prefill_tokens += n;
+      {
+        std::lock_guard<std::mutex> l(r->mu);
+        r->res.n_recomputed = bs.n_selected;
+      }
+      r->history = r->context;
+      store_chunks(*r);
+      after_logits(*r, r->logits.data());
+    } catch (const std::exception& e) {
+      fail_request(*r, e.what());
+    }
+  }
+  std::erase_if(running_, [&](const auto& q) { return st(q).phase == Phase::kDone; });
+  ss.n_running = int64_t(running_.size());
+  ss.n_waiting = int64_t(waiting_.size());
+  return ss;
 }
 
 }  // namespace kvboost

@@ -1,0 +1,53 @@
+// Internal: the state of one request in flight (Request::State), shared by engine.cpp (the
+// scheduler loop) and reuse.cpp (the prefill plan).
+#pragma once
+
+#include <atomic>
+#include <mutex>
+
+#include "kvboost/runtime.h"
+
+namespace kvboost {
+
+struct Request::State {
+  enum class Phase { kWaiting, kPrefill, kDecode, kDone };
+  State(std::vector<int32_t> ids, GenerateOptions o, const SamplerConfig& sc, const Tokenizer& tok)
+      : prompt(std::move(ids)), opt(std::move(o)), sampler(sc), dec(tok, true), stop(opt.stop) {}
+
+  std::vector<int32_t> prompt;
+  GenerateOptions opt;
+  Sampler sampler;
+  std::vector<int32_t> eos;
+  StreamDecoder dec;
+  StopMatcher stop;
+
+  std::atomic<bool> cancel_flag{false}, done_flag{false};
+  mutable std::mutex mu;  // guards res against readers on other threads
+  GenerateResult res;
+
+  Phase phase = Phase::kWaiting;
+  kv::SeqId seq = 0;
+  bool admitted_once = false;
+  std::string ns;                  // prefix-cache namespace
+  std::vector<int32_t> history;    // prompt + sampled tokens
+  std::vector<int32_t> context;    // tokens the next admission prefills (prompt, or history)
+  // Prefill plan: positions of `context` still to compute, in increasing order.
+  std::vector<int32_t> todo;
+  size_t todo_next = 0;
+  bool blend = false;              // prefill in one CacheBlend pass
+  std::vector<uint8_t> reused;     // blend: per context token from n_cached on, 1 = reused K/V
+  int64_t blend_from = 0;          // blend: first position of the pass
+  // Positions below exact_limit hold exactly the K/V a full prefill computes; only those blocks
+  // may become prefix-cache entries.
+  int64_t exact_limit = INT64_MAX;
+  std::vector<float> logits;       // [vocab]
+  // Chunk plan of the prompt (reuse.cpp): spans, keys, and where each chunk's K/V came from.
+  enum class ChunkSrc : uint8_t { kBlockCache, kStorePrefix, kStoreContent, kComputed };
+  std::vector<kv::ChunkSpan> chunks;
+  std::vector<kv::ChunkKeys> chunk_keys;
+  std::vector<ChunkSrc> chunk_src;
+  size_t forced_next = 0;          // next token of opt.forced_output
+  double t_submit = 0, t_admit = 0, t_first = 0;
+};
+
+}  // namespace kvboost

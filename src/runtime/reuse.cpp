@@ -1,0 +1,188 @@
+// Chunk-level KV reuse at admission (plan_reuse) and after the prefill (store_chunks).
+//
+// Plan: the exact prefix comes from the paged block cache (zero copy) and then from chunk-store
+// prefix keys (exact K/V, copied in). The first chunk that misses breaks the prefix chain; from
+// there, chunks found by content key are copied in with their keys re-rotated to the new
+// position (approximate: their K/V attended to a different context), the rest is computed.
+// Repair then picks what to recompute among reused tokens: nothing (none), the first R tokens of
+// each reused run (selective, EPIC), or the most deviated fraction (cacheblend, in one pass).
+// Positions from the first approximate token on are never registered as exact prefix K/V.
+#include <algorithm>
+#include <cstring>
+
+#include "request.h"
+
+namespace kvboost {
+
+using Src = Request::State::ChunkSrc;
+
+const char* reuse_mode_name(ReuseMode m) {
+  switch (m) {
+    case ReuseMode::kPrefixOnly: return "prefix";
+    case ReuseMode::kNone: return "none";
+    case ReuseMode::kSelective: return "selective";
+    case ReuseMode::kCacheBlend: return "cacheblend";
+  }
+  return "?";
+}
+
+ReuseMode parse_reuse_mode(std::string_view s) {
+  if (s == "prefix") return ReuseMode::kPrefixOnly;
+  if (s == "none") return ReuseMode::kNone;
+  if (s == "selective" || s == "epic") return ReuseMode::kSelective;
+  if (s == "cacheblend" || s == "blend") return ReuseMode::kCacheBlend;
+  fail("unknown reuse strategy \"", s, "\" (expected prefix, none, selective or cacheblend)");
+}
+
+void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
+  const ModelConfig& c = model_->config();
+  const ReusePolicy& pol = r.opt.reuse;
+  const int64_t n = int64_t(r.context.size());
+  const int64_t nkv = c.n_kv_heads * c.head_dim;
+  r.chunks = kv::cut_chunks(n, r.opt.segment_starts, opt_.chunk_size);
+  r.chunk_keys.clear();
+  r.chunk_src.assign(r.chunks.size(), Src::kComputed);
+  const uint64_t root = kv::chunk_root(model_id_, r.ns);
+  kv::ChunkKeys prev = kv::chunk_first_keys(root);
+  for (const auto& ch : r.chunks) {
+    prev = kv::chunk_keys(prev, root, std::span<const int32_t>(r.context.data() + ch.begin, size_t(ch.end - ch.begin)));
+    r.chunk_keys.push_back(prev);
+  }
+  // state per position: 0 new, 1 exact (cached), 2 reused at another position (approximate)
+  std::vector<uint8_t> state(size_t(n), 0);
+  std::fill(state.begin(), state.begin() + n_cached, 1);
+  std::vector<int64_t> run_starts;  // first positions of runs of approximate reused chunks
+  const bool lookups = chunks_ && opt_.cold_dir.empty() && r.opt.prefix_cache;
+  bool exact = true;
+  int64_t frontier = n_cached;
+  const kv::ChunkShape& shape = chunks_ ? chunks_->shape() : kv::ChunkShape{};
+  std::vector<float> kbuf, vbuf;
+  const std::span<const int32_t> table = kv_->block_table(r.seq);
+  auto copy_in = [&](const kv::Chunk& ch, int64_t begin, int64_t from) {
+    const int64_t len = int64_t(ch.tokens.size()), delta = begin - ch.pos0;
+    kbuf.resize(size_t(len * nkv)), vbuf.resize(size_t(len * nkv));
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      kv::chunk_get_layer(ch, shape, l, kbuf.data(), vbuf.data());
+      kernels::rope_shift(kbuf.data(), len, c.n_kv_heads, c.head_dim, model_->rope_inv_freq().data(), delta);
+      for (int64_t t = std::max<int64_t>(0, from - begin); t < len; ++t) {
+        const int64_t p = begin + t, slot = int64_t(table[size_t(p / block_size_)]) * block_size_ + p % block_size_;
+        std::memcpy(k_pools_[size_t(l)] + slot * nkv, &kbuf[size_t(t * nkv)], size_t(nkv) * sizeof(float));
+        std::memcpy(v_pools_[size_t(l)] + slot * nkv, &vbuf[size_t(t * nkv)], size_t(nkv) * sizeof(float));
+      }
+    }
+  };
+  const kv::Chunk* last_hit = nullptr;  // previous chunk, when it was a content hit
+  std::vector<std::shared_ptr<const kv::Chunk>> keep;
+  for (size_t i = 0; i < r.chunks.size(); ++i) {
+    const auto& ch = r.chunks[i];
+    const std::span<const int32_t> toks(r.context.data() + ch.begin, size_t(ch.end - ch.begin));
+    if (ch.end <= n_cached) {
+      r.chunk_src[i] = Src::kBlockCache;
+      continue;
+    }
+    if (!lookups) break;
+    const kv::Chunk* hit_now = nullptr;
+    std::shared_ptr<const kv::Chunk> hit;
+    if (exact && (hit = chunks_->find_prefix(r.chunk_keys[i], toks))) {
+      copy_in(*hit, ch.begin, n_cached);
+      std::fill(state.begin() + std::max(ch.begin, n_cached), state.begin() + ch.end, 1);
+      frontier = ch.end;
+      r.chunk_src[i] = Src::kStorePrefix;
+      continue;
+    }
+    exact = false;
+    if (pol.mode != ReuseMode::kPrefixOnly && (hit = chunks_->find_content(r.chunk_keys[i].content, toks))) {
+      copy_in(*hit, ch.begin, n_cached);
+      std::fill(state.begin() + std::max(ch.begin, n_cached), state.begin() + ch.end, 2);
+      r.chunk_src[i] = Src::kStoreContent;
+      // A run continues when this chunk followed the previous hit when it was computed, at the
+      // same offset: their mutual attention is still right; only the run's start needs repair.
+      const bool continues = last_hit && hit->parent_prefix == last_hit->keys.prefix &&
+                             hit->pos0 - last_hit->pos0 == ch.begin - r.chunks[i - 1].begin;
+      if (!continues) run_starts.push_back(std::max(ch.begin, n_cached));
+      hit_now = hit.get();
+      keep.push_back(hit);
+    }
+    last_hit = hit_now;
+  }
+  // The last token always runs: it produces the logits.
+  int64_t first_approx = n;
+  for (int64_t p = 0; p < n; ++p)
+    if (state[size_t(p)] == 2) {
+      first_approx = p;
+      break;
+    }
+  r.exact_limit = first_approx;
+  std::vector<uint8_t> compute(size_t(n), 0);
+  for (int64_t p = frontier; p < n; ++p) compute[size_t(p)] = state[size_t(p)] != 1;
+  compute[size_t(n - 1)] = 1;
+  int64_t n_exact = 0, n_approx = 0;
+  for (int64_t p = 0; p < n; ++p) n_exact += state[size_t(p)] == 1, n_approx += state[size_t(p)] == 2;
+  int64_t n_recomputed = 0;
+  if (n_approx > 0 && pol.mode == ReuseMode::kSelective) {
+    auto mark = [&](int64_t a, int64_t b) {
+      for (int64_t p = std::max<int64_t>(a, 0); p < std::min(b, n); ++p)
+        if (state[size_t(p)] == 2) compute[size_t(p)] = 1;
+    };
+    for (int64_t s : run_starts) mark(s - pol.overlap_tokens, s + pol.repair_tokens);
+    mark(0, pol.sink_tokens);
+  }
+  if (n_approx > 0 && pol.mode == ReuseMode::kCacheBlend) {
+    // One CacheBlend pass over [frontier, n): approximate tokens are candidates, the rest computed.
+    r.blend = true;
+    r.blend_from = frontier;
+    r.reused.assign(size_t(n - frontier), 0);
+    for (int64_t p = frontier; p < n; ++p) r.reused[size_t(p - frontier)] = state[size_t(p)] == 2 && p >= pol.sink_tokens;
+  }
+  r.todo.clear();
+  r.todo_next = 0;
+  for (int64_t p = 0; p < n; ++p) {
+    if (!compute[size_t(p)]) continue;
+    r.todo.push_back(int32_t(p));
+    if (state[size_t(p)] != 0) ++n_recomputed;
+  }
+  if (r.blend) r.todo.clear();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.res.n_cached = std::min(frontier, n - 1);  // the last token is always computed
+  r.res.n_reused = n_exact + n_approx;
+  r.res.n_recomputed = r.blend ? 0 : n_recomputed;
+  r.res.n_new = n - n_exact - n_approx;
+}
+
+void Engine::store_chunks(Request::State& r) {
+  if (!chunks_ || !r.opt.reuse.store || !r.opt.prefix_cache || !opt_.cold_dir.empty() || !kv_->has_seq(r.seq)) return;
+  const ModelConfig& c = model_->config();
+  const int64_t nkv = c.n_kv_heads * c.head_dim;
+  const std::span<const int32_t> table = kv_->block_table(r.seq);
+  const kv::ChunkShape& shape = chunks_->shape();
+  std::vector<float> kbuf, vbuf;
+  for (size_t i = 0; i < r.chunks.size(); ++i) {
+    const auto& ch = r.chunks[i];
+    if (r.chunk_src[i] == Src::kStoreContent || r.chunk_src[i] == Src::kStorePrefix) continue;
+    const bool exact = ch.end <= r.exact_limit;
+    kv::ChunkKeys keys = r.chunk_keys[i];
+    if (!exact) keys.prefix = keys.check = 0;  // computed after approximate K/V: content only
+    if (exact ? chunks_->contains_prefix(keys.prefix) : chunks_->contains_content(keys.content)) {
+      if (!r.opt.reuse.pin) continue;
+    }
+    auto chunk = std::make_shared<kv::Chunk>();
+    const int64_t len = ch.end - ch.begin;
+    chunk->tokens.assign(r.context.begin() + ch.begin, r.context.begin() + ch.end);
+    chunk->pos0 = ch.begin;
+    chunk->keys = keys;
+    chunk->parent_prefix = i > 0 ? r.chunk_keys[i - 1].prefix : 0;
+    kv::chunk_init(*chunk, shape, chunks_->options().quant, len);
+    kbuf.resize(size_t(len * nkv)), vbuf.resize(size_t(len * nkv));
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t p = ch.begin + t, slot = int64_t(table[size_t(p / block_size_)]) * block_size_ + p % block_size_;
+        std::memcpy(&kbuf[size_t(t * nkv)], k_pools_[size_t(l)] + slot * nkv, size_t(nkv) * sizeof(float));
+        std::memcpy(&vbuf[size_t(t * nkv)], v_pools_[size_t(l)] + slot * nkv, size_t(nkv) * sizeof(float));
+      }
+      kv::chunk_put_layer(*chunk, shape, l, kbuf.data(), vbuf.data());
+    }
+    chunks_->put(std::move(chunk), r.opt.reuse.pin);
+  }
+}
+
+}  // namespace kvboost

@@ -1,0 +1,94 @@
+// Engine::warm and Engine::verify_correctness.
+#include <cmath>
+
+#include "request.h"
+
+namespace kvboost {
+
+int64_t Engine::warm(const std::vector<int32_t>& ids, const std::vector<int64_t>& segment_starts,
+                     const std::string& cache_namespace) {
+  GenerateOptions o;
+  o.max_new_tokens = 1;
+  o.ignore_eos = true;
+  o.sampling.temperature = 0.0f;
+  o.cache_namespace = cache_namespace;
+  o.segment_starts = segment_starts;
+  o.reuse.mode = ReuseMode::kPrefixOnly;
+  o.reuse.pin = true;
+  const GenerateResult r = generate_ids(ids, o);
+  if (chunks_) chunks_->flush();
+  return r.n_cached;
+}
+
+double Engine::Agreement::mean_cosine() const {
+  double s = 0;
+  for (double v : cosine) s += v;
+  return cosine.empty() ? 0 : s / double(cosine.size());
+}
+double Engine::Agreement::mean_kl() const {
+  double s = 0;
+  for (double v : kl) s += v;
+  return kl.empty() ? 0 : s / double(kl.size());
+}
+double Engine::Agreement::top1_rate() const {
+  double s = 0;
+  for (double v : top1) s += v;
+  return top1.empty() ? 0 : s / double(top1.size());
+}
+
+Engine::Agreement Engine::verify_correctness(const std::vector<int32_t>& ids, const GenerateOptions& reuse_opt,
+                                             int n_tokens) {
+  const int64_t vocab = model_->config().vocab_size;
+  std::vector<std::vector<float>> ref, got;
+  GenerateOptions full = reuse_opt;
+  full.max_new_tokens = n_tokens;
+  full.ignore_eos = true;
+  full.sampling = SamplingParams{};
+  full.sampling.temperature = 0.0f;
+  full.prefix_cache = false;  // no cache at all: a full prefill
+  full.reuse = ReusePolicy{};
+  full.forced_output.clear();
+  full.on_text = nullptr;
+  full.on_logits = [&](const float* l, int64_t v) { ref.emplace_back(l, l + v); };
+  const GenerateResult fr = generate_ids(ids, full);
+
+  GenerateOptions reuse = reuse_opt;
+  reuse.max_new_tokens = n_tokens;
+  reuse.ignore_eos = true;
+  reuse.forced_output = fr.output_ids;
+  reuse.on_text = nullptr;
+  reuse.on_logits = [&](const float* l, int64_t v) { got.emplace_back(l, l + v); };
+  const GenerateResult rr = generate_ids(ids, reuse);
+
+  Agreement a;
+  a.ttft_full_ms = fr.ttft_ms;
+  a.ttft_reuse_ms = rr.ttft_ms;
+  a.n_reused = rr.n_reused;
+  a.n_recomputed = rr.n_recomputed;
+  a.n_prompt = int64_t(ids.size());
+  for (size_t i = 0; i < std::min(ref.size(), got.size()); ++i) {
+    const std::vector<float>& p = ref[i];
+    const std::vector<float>& q = got[i];
+    double dot = 0, np = 0, nq = 0, mp = -INFINITY, mq = -INFINITY;
+    int64_t ap = 0, aq = 0;
+    for (int64_t j = 0; j < vocab; ++j) {
+      dot += double(p[j]) * q[j], np += double(p[j]) * p[j], nq += double(q[j]) * q[j];
+      if (p[j] > mp) mp = p[j], ap = j;
+      if (q[j] > mq) mq = q[j], aq = j;
+    }
+    double zp = 0, zq = 0;
+    for (int64_t j = 0; j < vocab; ++j) zp += std::exp(double(p[j]) - mp), zq += std::exp(double(q[j]) - mq);
+    const double lzp = mp + std::log(zp), lzq = mq + std::log(zq);
+    double kl = 0;
+    for (int64_t j = 0; j < vocab; ++j) {
+      const double lp = double(p[j]) - lzp, lq = double(q[j]) - lzq;
+      kl += std::exp(lp) * (lp - lq);
+    }
+    a.cosine.push_back(dot / std::sqrt(np * nq + 1e-300));
+    a.kl.push_back(std::max(0.0, kl));
+    a.top1.push_back(ap == aq ? 1.0 : 0.0);
+  }
+  return a;
+}
+
+}  // namespace kvboost
