@@ -32,3 +32,12 @@ std::string make_temp_dir(const std::string& name) {
 }
 
 }  // namespace kvboost::test
+
+namespace kvboost::test {
+std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace kvboost::test

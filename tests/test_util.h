@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 namespace kvboost::test {
 
@@ -26,4 +27,6 @@ std::string make_temp_dir(const std::string& name);
 
 namespace kvboost::test {
 bool path_exists(const std::string& path);
+// Names of the entries of a directory (no "." / ".."), sorted.
+std::vector<std::string> list_dir(const std::string& dir);
 }
