@@ -74,7 +74,8 @@ struct ReusePolicy {
   int64_t sink_tokens = 0;      // tokens at the start of the prompt that are always computed
   float blend_ratio = 0.15f;    // cacheblend: fraction of reused tokens recomputed
   int64_t blend_check_layer = 1;
-  bool store = true;            // store computed chunks for later requests
+  bool store = true;            // store computed chunks and blocks for later requests (false:
+                                // the request leaves no trace in any cache)
   bool pin = false;             // stored chunks stay in RAM (Engine::warm)
 };
 

@@ -22,5 +22,6 @@ std::string read_stdin();
 void add_generate(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_logits(CLI::App& app);
+void add_serve(CLI::App& app);
 
 }  // namespace kvboost::cli

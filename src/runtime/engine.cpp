@@ -215,7 +215,7 @@ KvView Engine::view_of(Request::State& r, int64_t n_past) {
 void Engine::after_logits(Request::State& r, float* logits) {
   const ModelConfig& cfg = model_->config();
   const int64_t n_kv = int64_t(r.history.size());  // tokens whose K/V are now stored
-  if (r.opt.prefix_cache) {
+  if (r.opt.prefix_cache && r.opt.reuse.store) {
     const size_t n = size_t(std::min<int64_t>(n_kv, r.exact_limit));
     kv_->commit_full_blocks(r.seq, std::span<const int32_t>(r.history.data(), n));
   }

@@ -114,7 +114,7 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
     }
   r.exact_limit = first_approx;
   std::vector<uint8_t> compute(size_t(n), 0);
-  for (int64_t p = frontier; p < n; ++p) compute[size_t(p)] = state[size_t(p)] != 1;
+  for (int64_t p = frontier; p < n; ++p) compute[size_t(p)] = state[size_t(p)] == 0;  // new tokens
   compute[size_t(n - 1)] = 1;
   int64_t n_exact = 0, n_approx = 0;
   for (int64_t p = 0; p < n; ++p) n_exact += state[size_t(p)] == 1, n_approx += state[size_t(p)] == 2;

@@ -1,0 +1,115 @@
+// kvboost serve: the OpenAI-compatible HTTP server. Runs until SIGINT/SIGTERM, then shuts down
+// gracefully (in-flight requests finish within --shutdown-grace seconds or are cancelled) and
+// exits 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "cli_util.h"
+#include "kvboost/server.h"
+
+namespace kvboost::cli {
+
+namespace {
+struct ServeArgs {
+  std::string model, host = "127.0.0.1", api_key_file, served_name;
+  std::vector<std::string> api_keys;
+  int port = 8000;
+  int64_t max_batch = 16, max_queue = 64, prefill_chunk = 512, max_prompt_tokens = 0;
+  double timeout_s = 600, grace_s = 30;
+  std::string max_body = "8MiB";
+  int threads = 0;
+  int64_t block_size = 16;
+  std::string kv_budget, cold_dir;
+  bool quiet = false, log_requests = false;
+};
+
+void run_serve(const ServeArgs& a) {
+  if (a.threads > 0) set_num_threads(a.threads);
+  // Signals are taken synchronously by this thread (sigwait); every thread started from here on
+  // inherits the blocked mask, so none of them is interrupted.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const std::string dir = resolve_model_dir(a.model, a.quiet);
+  EngineOptions eopt;
+  eopt.block_size = a.block_size;
+  eopt.max_batch = a.max_batch;
+  eopt.prefill_chunk = a.prefill_chunk;
+  if (!a.kv_budget.empty()) eopt.kv_budget_bytes = parse_bytes(a.kv_budget, "--kv-budget");
+  eopt.cold_dir = a.cold_dir;
+  auto engine = load_engine(dir, a.quiet, eopt);
+
+  ServerOptions so;
+  so.host = a.host;
+  so.port = a.port;
+  so.api_keys = a.api_keys;
+  if (!a.api_key_file.empty()) {
+    std::ifstream f(a.api_key_file);
+    if (!f) fail("--api-key-file: cannot read ", a.api_key_file);
+    for (std::string line; std::getline(f, line);)
+      if (!line.empty() && line[0] != '#') so.api_keys.push_back(line);
+  }
+  if (const char* k = std::getenv("KVBOOST_API_KEY"); k && *k && so.api_keys.empty()) so.api_keys.push_back(k);
+  so.model_name = a.served_name;
+  so.model_dir = dir;
+  so.max_body_bytes = parse_bytes(a.max_body, "--max-body");
+  so.max_prompt_tokens = a.max_prompt_tokens;
+  so.max_queue = a.max_queue;
+  so.timeout_s = a.timeout_s;
+  so.shutdown_grace_s = a.grace_s;
+  so.log_requests = a.log_requests;
+  Server server(*engine, so);
+  server.start();
+  if (!a.quiet)
+    std::fprintf(stderr, "kvboost serve: listening on http://%s:%d/v1 (model %s, max batch %lld, queue %lld%s)\n",
+                 a.host.c_str(), server.port(), dir.c_str(), (long long)a.max_batch, (long long)a.max_queue,
+                 so.api_keys.empty() ? ", no API key" : ", API key required");
+  std::fflush(stderr);
+  int sig = 0;
+  sigwait(&set, &sig);
+  if (!a.quiet) std::fprintf(stderr, "kvboost serve: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  server.stop();
+  if (!a.quiet) std::fprintf(stderr, "kvboost serve: stopped\n");
+}
+}  // namespace
+
+void add_serve(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* c = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
+  c->add_option("-m,--model", a->model, "Hugging Face model directory (default: the generated demo model)");
+  c->add_option("--host", a->host, "Address to bind (default: loopback only)")->capture_default_str();
+  c->add_option("--port", a->port, "TCP port (0: any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
+  c->add_option("--api-key", a->api_keys,
+                "Require 'Authorization: Bearer KEY' (repeatable: each key is a tenant with its own cache namespace; "
+                "also $KVBOOST_API_KEY)");
+  c->add_option("--api-key-file", a->api_key_file, "Read API keys from this file, one per line");
+  c->add_option("--served-model-name", a->served_name, "Model id clients use (default: the directory's name)");
+  c->add_option("--max-batch", a->max_batch, "Requests decoded together")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--max-queue", a->max_queue, "Requests waiting beyond the running batch; more are answered 503")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--prefill-chunk", a->prefill_chunk, "Prompt tokens prefilled per step")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--max-prompt-tokens", a->max_prompt_tokens, "Longest prompt accepted (0: the context length - 1)")
+      ->capture_default_str();
+  c->add_option("--max-body", a->max_body, "Largest request body (larger: 413)")->capture_default_str();
+  c->add_option("--timeout", a->timeout_s, "Seconds a request may take before it is cancelled")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--shutdown-grace", a->grace_s, "Seconds in-flight requests get to finish on SIGINT/SIGTERM")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--threads", a->threads, "Worker threads (default: all cores)");
+  c->add_option("--block-size", a->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--kv-budget", a->kv_budget, "Bytes of KV memory, e.g. 512MiB (default: the whole context, at most 2GiB)");
+  c->add_option("--kv-cold-dir", a->cold_dir, "Spill KV blocks beyond --kv-budget to a file in this directory");
+  c->add_flag("--log-requests", a->log_requests, "One line per request on stderr");
+  c->add_flag("-q,--quiet", a->quiet, "No startup or shutdown messages");
+  c->callback([a]() { run_serve(*a); });
+}
+
+}  // namespace kvboost::cli

@@ -1,0 +1,536 @@
+// The OpenAI request schema: every field is type- and range-checked here, so that a bad request
+// is a 4xx naming the parameter (OpenAI's `param`) and never reaches the engine.
+#include "api.h"
+
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <sstream>
+
+#include "kvboost/chat.h"
+
+namespace kvboost::server {
+
+ApiError::ApiError(int status_, std::string message, std::string param_, std::string code_, std::string type_)
+    : std::runtime_error(std::move(message)), status(status_), type(std::move(type_)), param(std::move(param_)),
+      code(std::move(code_)) {
+  if (type.empty()) {
+    switch (status) {
+      case 401: type = "authentication_error"; break;
+      case 404: type = "not_found_error"; break;
+      case 413: type = "invalid_request_error"; break;
+      case 503: type = "server_overloaded"; break;
+      case 504: type = "timeout_error"; break;
+      default: type = status >= 500 ? "server_error" : "invalid_request_error";
+    }
+  }
+}
+
+std::string error_body(const ApiError& e) {
+  ojson err;
+  err["message"] = e.what();
+  err["type"] = e.type;
+  err["param"] = e.param.empty() ? ojson(nullptr) : ojson(e.param);
+  err["code"] = e.code.empty() ? ojson(nullptr) : ojson(e.code);
+  ojson o;
+  o["error"] = err;
+  // Messages may quote client bytes: never fail on them.
+  return o.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+namespace {
+
+[[noreturn]] void bad(const std::string& msg, const std::string& param = "", const std::string& code = "") {
+  throw ApiError(400, msg, param, code);
+}
+
+const char* type_name(const ojson& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "boolean";
+  if (v.is_number_integer() || v.is_number_unsigned()) return "integer";
+  if (v.is_number()) return "number";
+  if (v.is_string()) return "string";
+  if (v.is_array()) return "array";
+  return "object";
+}
+
+// A present, non-null field.
+const ojson* field(const ojson& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<double> get_number(const ojson& body, const char* name, double lo, double hi) {
+  const ojson* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) bad(std::string("'") + name + "' must be a number, got " + type_name(*v), name, "invalid_type");
+  const double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi) {
+    std::ostringstream m;
+    m << "'" << name << "' = " << v->dump() << " is out of range [" << lo << ", " << hi << "]";
+    bad(m.str(), name, "invalid_value");
+  }
+  return d;
+}
+
+std::optional<int64_t> get_int(const ojson& body, const char* name, int64_t lo, int64_t hi) {
+  const ojson* v = field(body, name);
+  if (!v) return std::nullopt;
+  int64_t x;
+  if (v->is_number_unsigned()) {
+    const uint64_t u = v->get<uint64_t>();
+    x = u > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(u);
+  } else if (v->is_number_integer()) {
+    x = v->get<int64_t>();
+  } else if (v->is_number_float() && std::isfinite(v->get<double>()) && v->get<double>() == std::floor(v->get<double>()) &&
+             std::fabs(v->get<double>()) < 9e18) {
+    x = int64_t(v->get<double>());
+  } else {
+    bad(std::string("'") + name + "' must be an integer, got " + type_name(*v) + " " + v->dump(), name, "invalid_type");
+  }
+  if (x < lo || x > hi)
+    bad(std::string("'") + name + "' = " + v->dump() + " is out of range [" + std::to_string(lo) + ", " +
+            std::to_string(hi) + "]",
+        name, "invalid_value");
+  return x;
+}
+
+std::optional<bool> get_bool(const ojson& body, const char* name) {
+  const ojson* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) bad(std::string("'") + name + "' must be a boolean, got " + type_name(*v), name, "invalid_type");
+  return v->get<bool>();
+}
+
+std::optional<std::string> get_string(const ojson& body, const char* name) {
+  const ojson* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) bad(std::string("'") + name + "' must be a string, got " + type_name(*v), name, "invalid_type");
+  return v->get<std::string>();
+}
+
+std::vector<int32_t> encode(const ApiContext& ctx, const std::string& text, bool add_special, const char* param) {
+  try {
+    return ctx.tok->encode(text, add_special);
+  } catch (const Error& e) {
+    bad(std::string("'") + param + "': " + e.what(), param, "invalid_text");
+  }
+}
+
+void check_model(const ojson& body, const ApiContext& ctx) {
+  const auto m = get_string(body, "model");
+  if (m && *m != ctx.model_name && !m->empty())
+    throw ApiError(404, "The model '" + *m + "' does not exist; this server serves '" + ctx.model_name + "'", "model",
+                   "model_not_found");
+}
+
+// Fields shared by both endpoints: sampling, stop, n, stream, extensions.
+void parse_common(const ojson& body, const ApiContext& ctx, ParsedRequest& p) {
+  if (auto n = get_int(body, "n", 1, INT64_MAX); n && *n != 1)
+    bad("only n = 1 is supported (got " + std::to_string(*n) + ")", "n", "unsupported_value");
+  if (auto n = get_int(body, "best_of", 1, INT64_MAX); n && *n != 1)
+    bad("only best_of = 1 is supported", "best_of", "unsupported_value");
+  SamplingParams& s = p.opt.sampling;
+  if (auto t = get_number(body, "temperature", 0.0, 2.0)) s.temperature = float(*t);
+  if (auto t = get_number(body, "top_p", 0.0, 1.0)) {
+    if (*t <= 0) bad("'top_p' must be in (0, 1], got " + std::to_string(*t), "top_p", "invalid_value");
+    s.top_p = float(*t);
+  }
+  if (auto k = get_int(body, "top_k", -1, 1 << 30)) s.top_k = int(*k < 0 ? 0 : *k);
+  if (auto m = get_number(body, "min_p", 0.0, 1.0)) s.min_p = float(*m);
+  if (auto r = get_number(body, "repetition_penalty", 0.0, 100.0)) {
+    if (*r <= 0) bad("'repetition_penalty' must be > 0", "repetition_penalty", "invalid_value");
+    s.repetition_penalty = float(*r);
+  }
+  for (const char* pen : {"presence_penalty", "frequency_penalty"})
+    if (auto v = get_number(body, pen, -2.0, 2.0); v && *v != 0)
+      bad(std::string("'") + pen + "' is not supported (only 0); use 'repetition_penalty'", pen, "unsupported_parameter");
+  if (const ojson* v = field(body, "seed")) {
+    if (v->is_number_unsigned()) s.seed = v->get<uint64_t>();
+    else if (v->is_number_integer()) s.seed = uint64_t(v->get<int64_t>());
+    else bad(std::string("'seed' must be an integer, got ") + type_name(*v), "seed", "invalid_type");
+  }
+  if (const ojson* v = field(body, "stop")) {
+    std::vector<std::string> stops;
+    if (v->is_string()) {
+      stops.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      if (v->size() > 16) bad("'stop' has " + std::to_string(v->size()) + " strings; at most 16", "stop", "invalid_value");
+      for (const auto& x : *v) {
+        if (!x.is_string()) bad(std::string("'stop' must be a string or a list of strings, found ") + type_name(x), "stop", "invalid_type");
+        stops.push_back(x.get<std::string>());
+      }
+    } else {
+      bad(std::string("'stop' must be a string or a list of strings, got ") + type_name(*v), "stop", "invalid_type");
+    }
+    for (const auto& st : stops)
+      if (st.empty()) bad("'stop' strings must not be empty", "stop", "invalid_value");
+    p.opt.stop = std::move(stops);
+  }
+  p.stream = get_bool(body, "stream").value_or(false);
+  if (const ojson* so = field(body, "stream_options")) {
+    if (!so->is_object()) bad("'stream_options' must be an object", "stream_options", "invalid_type");
+    p.include_usage = get_bool(*so, "include_usage").value_or(false);
+  }
+  if (auto ig = get_bool(body, "ignore_eos")) p.opt.ignore_eos = *ig;
+  // Extensions.
+  if (auto salt = get_string(body, "cache_salt")) p.cache_salt = *salt;
+  if (const ojson* r = field(body, "reuse")) {
+    std::string mode;
+    if (r->is_string()) {
+      mode = r->get<std::string>();
+    } else if (r->is_object()) {
+      mode = get_string(*r, "mode").value_or("prefix");
+      if (auto n = get_int(*r, "repair_tokens", 0, 1 << 20)) p.opt.reuse.repair_tokens = *n;
+      if (auto n = get_int(*r, "overlap_tokens", 0, 1 << 20)) p.opt.reuse.overlap_tokens = *n;
+      if (auto n = get_int(*r, "sink_tokens", 0, 1 << 20)) p.opt.reuse.sink_tokens = *n;
+      if (auto f = get_number(*r, "blend_ratio", 0.0, 1.0)) p.opt.reuse.blend_ratio = float(*f);
+      if (auto n = get_int(*r, "blend_check_layer", 0, 1 << 10)) p.opt.reuse.blend_check_layer = *n;
+      if (auto b = get_bool(*r, "store")) p.opt.reuse.store = *b;
+    } else {
+      bad(std::string("'reuse' must be a string (prefix | none | selective | cacheblend) or an object, got ") +
+              type_name(*r),
+          "reuse", "invalid_type");
+    }
+    try {
+      p.opt.reuse.mode = parse_reuse_mode(mode);
+    } catch (const Error& e) {
+      bad(std::string("'reuse': ") + e.what(), "reuse", "invalid_value");
+    }
+  }
+  // Features this server does not implement: a clear 400 rather than a silently different answer.
+  if (const ojson* v = field(body, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
+    bad("'suffix' is not supported", "suffix", "unsupported_parameter");
+  if (const ojson* v = field(body, "tools"); v && !(v->is_array() && v->empty()))
+    bad("'tools' (function calling) is not supported", "tools", "unsupported_parameter");
+  if (const ojson* v = field(body, "response_format")) {
+    if (!v->is_object() || v->value("type", "") != "text")
+      bad("only response_format {\"type\": \"text\"} is supported", "response_format", "unsupported_parameter");
+  }
+  if (const ojson* v = field(body, "logit_bias"); v && !(v->is_object() && v->empty()))
+    bad("'logit_bias' is not supported", "logit_bias", "unsupported_parameter");
+  (void)ctx;
+}
+
+// max_tokens against the context: negative, zero or huge values are 400s, as is a prompt that
+// leaves no room for them.
+void set_max_tokens(const ojson& body, const ApiContext& ctx, ParsedRequest& p, std::optional<int64_t> dflt,
+                    const char* prompt_param) {
+  const int64_t n_prompt = int64_t(p.prompt_ids.size());
+  if (n_prompt == 0) bad("the prompt is empty (no tokens)", prompt_param, "empty_prompt");
+  if (n_prompt > ctx.max_prompt_tokens || n_prompt >= ctx.context_length)
+    bad("the prompt has " + std::to_string(n_prompt) + " tokens; this server accepts at most " +
+            std::to_string(std::min(ctx.max_prompt_tokens, ctx.context_length - 1)) + " (context length " +
+            std::to_string(ctx.context_length) + ")",
+        prompt_param, "context_length_exceeded");
+  std::optional<int64_t> mt = get_int(body, "max_completion_tokens", INT64_MIN, INT64_MAX);
+  const char* mt_name = "max_completion_tokens";
+  if (!mt) {
+    mt = get_int(body, "max_tokens", INT64_MIN, INT64_MAX);
+    mt_name = "max_tokens";
+  }
+  const int64_t room = ctx.context_length - n_prompt;
+  if (!mt) {
+    p.opt.max_new_tokens = int(std::min(dflt.value_or(room), room));
+    return;
+  }
+  if (*mt < 1) bad(std::string("'") + mt_name + "' must be at least 1, got " + std::to_string(*mt), mt_name, "invalid_value");
+  if (*mt > room)
+    bad("this model's maximum context length is " + std::to_string(ctx.context_length) + " tokens; you requested " +
+            std::to_string(n_prompt + *mt) + " tokens (" + std::to_string(n_prompt) + " in the prompt, " +
+            std::to_string(*mt) + " for the completion)",
+        mt_name, "context_length_exceeded");
+  p.opt.max_new_tokens = int(*mt);
+}
+
+void check_token_ids(const ojson& arr, const ApiContext& ctx, std::vector<int32_t>& out) {
+  for (const auto& x : arr) {
+    if (!x.is_number_integer() && !x.is_number_unsigned())
+      bad(std::string("'prompt' token ids must be integers, found ") + type_name(x), "prompt", "invalid_type");
+    const int64_t id = x.is_number_unsigned() ? int64_t(std::min<uint64_t>(x.get<uint64_t>(), INT64_MAX)) : x.get<int64_t>();
+    if (id < 0 || id >= ctx.vocab_size)
+      bad("'prompt' token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(ctx.vocab_size) + ")",
+          "prompt", "invalid_value");
+    out.push_back(int32_t(id));
+  }
+}
+
+}  // namespace
+
+ojson parse_body(const std::string& body) {
+  if (body.empty()) bad("the request body is empty; expected a JSON object", "", "invalid_json");
+  ojson j;
+  try {
+    j = ojson::parse(body);
+  } catch (const ojson::parse_error& e) {
+    // nlohmann rejects invalid UTF-8 and unpaired surrogates in strings, so those land here too.
+    bad(std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json");
+  }
+  if (!j.is_object()) bad(std::string("the request body must be a JSON object, got ") + type_name(j), "", "invalid_json");
+  return j;
+}
+
+ParsedRequest parse_completion(const ojson& body, const ApiContext& ctx) {
+  ParsedRequest p;
+  check_model(body, ctx);
+  parse_common(body, ctx, p);
+  if (const ojson* v = field(body, "logprobs"); v && !(v->is_number() && v->get<double>() == 0))
+    bad("'logprobs' is not supported by this server", "logprobs", "unsupported_parameter");
+  p.echo = get_bool(body, "echo").value_or(false);
+  // segments (extension): RAG documents tokenized one by one and concatenated before the prompt;
+  // their starts become segment boundaries, so each document's K/V is a reusable chunk.
+  std::vector<std::string> segments;
+  if (const ojson* s = field(body, "segments")) {
+    if (!s->is_array()) bad(std::string("'segments' must be a list of strings, got ") + type_name(*s), "segments", "invalid_type");
+    for (const auto& x : *s) {
+      if (!x.is_string()) bad(std::string("'segments' must be a list of strings, found ") + type_name(x), "segments", "invalid_type");
+      if (!x.get<std::string>().empty()) segments.push_back(x.get<std::string>());
+    }
+  }
+  const ojson* prompt = field(body, "prompt");
+  std::vector<int32_t> prompt_ids;
+  bool prompt_given_as_ids = false;
+  if (prompt) {
+    if (prompt->is_string()) {
+      p.prompt_text = prompt->get<std::string>();
+    } else if (prompt->is_array()) {
+      if (prompt->empty()) bad("'prompt' is an empty list", "prompt", "empty_prompt");
+      const ojson& first = (*prompt)[0];
+      if (first.is_string() || first.is_array()) {
+        if (prompt->size() != 1)
+          bad("'prompt' holds " + std::to_string(prompt->size()) + " prompts; only one per request is supported", "prompt",
+              "unsupported_value");
+        if (first.is_string()) {
+          p.prompt_text = first.get<std::string>();
+        } else {
+          check_token_ids(first, ctx, prompt_ids);
+          prompt_given_as_ids = true;
+        }
+      } else {
+        check_token_ids(*prompt, ctx, prompt_ids);
+        prompt_given_as_ids = true;
+      }
+    } else {
+      bad(std::string("'prompt' must be a string, a list of token ids, or a list of one of those; got ") + type_name(*prompt),
+          "prompt", "invalid_type");
+    }
+  } else if (segments.empty()) {
+    bad("'prompt' is required", "prompt", "missing_required_parameter");
+  }
+  if (prompt_given_as_ids && !segments.empty()) bad("'segments' cannot be combined with a token-id prompt", "segments", "invalid_value");
+  if (segments.empty()) {
+    p.prompt_ids = prompt_given_as_ids ? prompt_ids : encode(ctx, p.prompt_text, true, "prompt");
+    if (prompt_given_as_ids) p.prompt_text = ctx.tok->decode(prompt_ids, false);
+  } else {
+    // The first piece carries BOS (add_special); later pieces are plain text.
+    std::string all;
+    for (size_t i = 0; i <= segments.size(); ++i) {
+      const std::string& text = i < segments.size() ? segments[i] : p.prompt_text;
+      if (text.empty()) continue;
+      std::vector<int32_t> ids = encode(ctx, text, p.prompt_ids.empty(), i < segments.size() ? "segments" : "prompt");
+      if (!p.prompt_ids.empty() && !ids.empty()) p.opt.segment_starts.push_back(int64_t(p.prompt_ids.size()));
+      p.prompt_ids.insert(p.prompt_ids.end(), ids.begin(), ids.end());
+      all += text;
+    }
+    p.prompt_text = all;
+  }
+  set_max_tokens(body, ctx, p, 16, "prompt");  // OpenAI's default for completions
+  return p;
+}
+
+ParsedRequest parse_chat(const ojson& body, const ApiContext& ctx) {
+  ParsedRequest p;
+  p.chat = true;
+  check_model(body, ctx);
+  parse_common(body, ctx, p);
+  if (auto lp = get_bool(body, "logprobs"); lp && *lp)
+    bad("'logprobs' is not supported by this server", "logprobs", "unsupported_parameter");
+  if (field(body, "top_logprobs")) bad("'top_logprobs' is not supported by this server", "top_logprobs", "unsupported_parameter");
+  if (field(body, "segments")) bad("'segments' is supported on /v1/completions only", "segments", "unsupported_parameter");
+  const ojson* msgs = field(body, "messages");
+  if (!msgs) bad("'messages' is required", "messages", "missing_required_parameter");
+  if (!msgs->is_array()) bad(std::string("'messages' must be a list, got ") + type_name(*msgs), "messages", "invalid_type");
+  if (msgs->empty()) bad("'messages' must not be empty", "messages", "empty_messages");
+  ojson conv = ojson::array();
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const ojson& m = (*msgs)[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) bad(at + " must be an object, got " + type_name(m), at, "invalid_type");
+    const ojson* role = field(m, "role");
+    if (!role || !role->is_string()) bad(at + ".role must be a string", at + ".role", "invalid_type");
+    std::string r = role->get<std::string>();
+    if (r != "system" && r != "developer" && r != "user" && r != "assistant" && r != "tool")
+      bad(at + ".role '" + r + "' is not one of system, developer, user, assistant, tool", at + ".role", "invalid_value");
+    if (r == "developer") r = "system";  // OpenAI's newer name; chat templates know "system"
+    std::string content;
+    const ojson* c = field(m, "content");
+    if (!c) {
+      if (r != "assistant") bad(at + ".content is required", at + ".content", "missing_required_parameter");
+    } else if (c->is_string()) {
+      content = c->get<std::string>();
+    } else if (c->is_array()) {
+      for (size_t k = 0; k < c->size(); ++k) {
+        const ojson& part = (*c)[k];
+        const std::string pat = at + ".content[" + std::to_string(k) + "]";
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          bad(pat + " must be {\"type\": \"text\", \"text\": string} (only text content is supported)", pat,
+              "invalid_type");
+        content += part["text"].get<std::string>();
+      }
+    } else {
+      bad(at + ".content must be a string or a list of text parts, got " + type_name(*c), at + ".content", "invalid_type");
+    }
+    ojson out;
+    out["role"] = r;
+    out["content"] = content;
+    if (auto name = get_string(m, "name")) out["name"] = *name;
+    if (auto id = get_string(m, "tool_call_id")) out["tool_call_id"] = *id;
+    conv.push_back(std::move(out));
+  }
+  if (!ctx.has_chat_template)
+    bad("the model '" + ctx.model_name +
+            "' has no chat template (no chat_template in its tokenizer_config.json); use /v1/completions with a "
+            "formatted prompt",
+        "messages", "no_chat_template");
+  ojson extra = ojson::object();
+  if (const ojson* kw = field(body, "chat_template_kwargs")) {
+    if (!kw->is_object()) bad("'chat_template_kwargs' must be an object", "chat_template_kwargs", "invalid_type");
+    extra = *kw;
+  }
+  const bool add_gen = get_bool(body, "add_generation_prompt").value_or(true);
+  try {
+    p.prompt_text = apply_chat_template(ctx.chat_config, conv, add_gen, extra);
+  } catch (const ChatTemplateError& e) {
+    if (e.kind() == ChatTemplateError::Kind::Raised)
+      bad(std::string("the chat template rejected the conversation: ") + e.what(), "messages", "invalid_messages");
+    throw ApiError(500, std::string("the model's chat template cannot be rendered: ") + e.what(), "", "chat_template_error");
+  } catch (const Error& e) {
+    throw ApiError(500, std::string("the model's chat template cannot be rendered: ") + e.what(), "", "chat_template_error");
+  }
+  // As transformers' apply_chat_template(tokenize=True): the template supplies special tokens.
+  p.prompt_ids = encode(ctx, p.prompt_text, false, "messages");
+  set_max_tokens(body, ctx, p, std::nullopt, "messages");
+  return p;
+}
+
+ParsedRequest parse_warm(const ojson& body, const ApiContext& ctx) {
+  // Same prompt forms as completions (prompt and/or segments, or messages); one token is
+  // generated, which prefills and caches the prompt's K/V.
+  ojson b = body;
+  b.erase("max_tokens");
+  b.erase("max_completion_tokens");
+  b.erase("stream");
+  b["max_tokens"] = 1;
+  ParsedRequest p = field(body, "messages") ? parse_chat(b, ctx) : parse_completion(b, ctx);
+  p.opt.sampling.temperature = 0.0f;
+  p.opt.stop.clear();
+  return p;
+}
+
+std::string make_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng(std::random_device{}() ^
+                                          uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%016llx%08llx", (unsigned long long)rng(), (unsigned long long)(rng() & 0xffffffffu));
+  return std::string(prefix) + buf;
+}
+
+ojson usage_json(const GenerateResult& r) {
+  ojson u;
+  u["prompt_tokens"] = r.n_prompt();
+  u["completion_tokens"] = int64_t(r.output_ids.size());
+  u["total_tokens"] = r.n_prompt() + int64_t(r.output_ids.size());
+  ojson d;
+  d["cached_tokens"] = std::max<int64_t>(0, std::max(r.n_cached, r.n_reused - r.n_recomputed));
+  u["prompt_tokens_details"] = d;
+  return u;
+}
+
+ojson kvboost_json(const GenerateResult& r) {
+  ojson k;
+  k["cached_prefix_tokens"] = r.n_cached;
+  k["reused_tokens"] = r.n_reused;
+  k["recomputed_tokens"] = r.n_recomputed;
+  k["new_tokens"] = r.n_new;
+  k["preempted"] = r.n_preempted;
+  k["queue_ms"] = r.queue_ms;
+  k["ttft_ms"] = r.ttft_ms;
+  k["prefill_ms"] = r.prefill_ms;
+  k["decode_ms"] = r.decode_ms;
+  k["total_ms"] = r.total_ms;
+  return k;
+}
+
+std::string finish_reason_of(const GenerateResult& r) { return r.finish_reason == "stop" ? "stop" : "length"; }
+
+ojson completion_body(const std::string& id, int64_t created, const std::string& model, const ParsedRequest& p,
+                      const GenerateResult& r) {
+  ojson choice;
+  choice["index"] = 0;
+  if (p.chat) {
+    ojson msg;
+    msg["role"] = "assistant";
+    msg["content"] = r.text;
+    choice["message"] = msg;
+  } else {
+    choice["text"] = p.echo ? p.prompt_text + r.text : r.text;
+  }
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_reason_of(r);
+  ojson o;
+  o["id"] = id;
+  o["object"] = p.chat ? "chat.completion" : "text_completion";
+  o["created"] = created;
+  o["model"] = model;
+  o["choices"] = ojson::array({choice});
+  o["usage"] = usage_json(r);
+  o["kvboost"] = kvboost_json(r);
+  return o;
+}
+
+ojson completion_chunk(const std::string& id, int64_t created, const std::string& model, const std::string& text,
+                       const std::string& finish_reason) {
+  ojson choice;
+  choice["index"] = 0;
+  choice["text"] = text;
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason);
+  ojson o;
+  o["id"] = id;
+  o["object"] = "text_completion";
+  o["created"] = created;
+  o["model"] = model;
+  o["choices"] = ojson::array({choice});
+  return o;
+}
+
+ojson chat_chunk(const std::string& id, int64_t created, const std::string& model, const ojson& delta,
+                 const std::string& finish_reason) {
+  ojson choice;
+  choice["index"] = 0;
+  choice["delta"] = delta;
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason);
+  ojson o;
+  o["id"] = id;
+  o["object"] = "chat.completion.chunk";
+  o["created"] = created;
+  o["model"] = model;
+  o["choices"] = ojson::array({choice});
+  return o;
+}
+
+ojson usage_chunk(const std::string& id, int64_t created, const std::string& model, bool chat, const GenerateResult& r) {
+  ojson o;
+  o["id"] = id;
+  o["object"] = chat ? "chat.completion.chunk" : "text_completion";
+  o["created"] = created;
+  o["model"] = model;
+  o["choices"] = ojson::array();
+  o["usage"] = usage_json(r);
+  o["kvboost"] = kvboost_json(r);
+  return o;
+}
+
+}  // namespace kvboost::server

@@ -1,0 +1,75 @@
+// Internal to kvboost_server: the OpenAI request schema (parsing and validation into engine
+// requests) and response bodies. No sockets here, so all of it is testable directly.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kvboost/runtime.h"
+
+namespace kvboost::server {
+
+using ojson = nlohmann::ordered_json;
+
+// A client-visible error: HTTP status + OpenAI's error object
+// {"error": {"message", "type", "param", "code"}}.
+struct ApiError : std::runtime_error {
+  int status;
+  std::string type, param, code;
+  ApiError(int status_, std::string message, std::string param_ = "", std::string code_ = "",
+           std::string type_ = "");
+};
+std::string error_body(const ApiError& e);
+
+// What parsing needs to know about the served model.
+struct ApiContext {
+  const Tokenizer* tok = nullptr;
+  int64_t context_length = 0;
+  int64_t max_prompt_tokens = 0;   // prompts longer: 400 (context_length_exceeded)
+  int32_t vocab_size = 0;
+  std::string model_name;
+  std::string chat_config;         // tokenizer_config.json text ("" = none)
+  bool has_chat_template = false;
+};
+
+struct ParsedRequest {
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;   // stream_options.include_usage
+  bool echo = false;            // completions: prepend the prompt to the text
+  std::vector<int32_t> prompt_ids;
+  std::string prompt_text;      // for echo (the prompt as the client gave it, or decoded ids)
+  std::string cache_salt;       // extension: part of the cache namespace (with the tenant)
+  GenerateOptions opt;          // everything but on_text and cache_namespace
+};
+
+// The JSON body, or ApiError 400 (malformed JSON, invalid UTF-8, not an object).
+ojson parse_body(const std::string& body);
+// POST /v1/completions, POST /v1/chat/completions, POST /v1/warm. Throw ApiError.
+ParsedRequest parse_completion(const ojson& body, const ApiContext& ctx);
+ParsedRequest parse_chat(const ojson& body, const ApiContext& ctx);
+ParsedRequest parse_warm(const ojson& body, const ApiContext& ctx);
+
+// "cmpl-..." / "chatcmpl-..." with 24 random hex digits.
+std::string make_id(const char* prefix);
+
+ojson usage_json(const GenerateResult& r);
+// KVBoost's per-request extension object: reuse and timing details.
+ojson kvboost_json(const GenerateResult& r);
+// OpenAI's finish_reason for an engine result ("stop" | "length").
+std::string finish_reason_of(const GenerateResult& r);
+
+ojson completion_body(const std::string& id, int64_t created, const std::string& model, const ParsedRequest& p,
+                      const GenerateResult& r);
+// One streamed chunk: `text` (completions) or a delta (chat). finish_reason "" = null.
+ojson completion_chunk(const std::string& id, int64_t created, const std::string& model, const std::string& text,
+                       const std::string& finish_reason);
+ojson chat_chunk(const std::string& id, int64_t created, const std::string& model, const ojson& delta,
+                 const std::string& finish_reason);
+ojson usage_chunk(const std::string& id, int64_t created, const std::string& model, bool chat, const GenerateResult& r);
+
+}  // namespace kvboost::server

@@ -1,0 +1,132 @@
+// Chunk-level reuse end to end on stories260K: exact hits from the chunk store (also after a
+// restart, from disk), documents reused at other positions with none / selective / cacheblend
+// repair, and verify_correctness.
+#include <cmath>
+
+#include "kvboost/runtime.h"
+#include "test_util.h"
+
+using namespace kvboost;
+
+namespace {
+std::string stories() { return test::shared_path("models/stories260K"); }
+
+const char* kDocs[] = {
+    "Tom had a red ball. He liked to throw it high in the sky. One day the ball fell in the pond and Tom was sad.",
+    "The little dog ran to the park. It saw a big tree and a small bird. The bird sang a happy song for the dog.",
+    "Mia baked a cake with her mom. They put sugar and eggs in a bowl. The cake was sweet and everyone smiled.",
+};
+
+// sys + docs[order...] + question, with segment starts
+std::vector<int32_t> build(const Engine& e, const std::vector<int>& order, std::vector<int64_t>* segs) {
+  const Tokenizer& t = e.tokenizer();
+  std::vector<int32_t> ids = t.encode("Here are some stories.", true);
+  segs->clear();
+  for (int d : order) {
+    segs->push_back(int64_t(ids.size()));
+    auto x = t.encode(std::string(" ") + kDocs[d], false);
+    ids.insert(ids.end(), x.begin(), x.end());
+  }
+  segs->push_back(int64_t(ids.size()));
+  auto q = t.encode(" Once upon a time", false);
+  ids.insert(ids.end(), q.begin(), q.end());
+  return ids;
+}
+
+EngineOptions opts(const std::string& disk = "") {
+  EngineOptions eo;
+  eo.chunk_size = 32;
+  eo.chunk_store.disk_dir = disk;
+  return eo;
+}
+
+TEST(Reuse, DocumentsInANewOrderAreReusedAndRepaired) {
+  KVBOOST_REQUIRE_PATH(stories());
+  auto e = Engine::load(stories(), opts());
+  std::vector<int64_t> segs;
+  const auto first = build(*e, {0, 1, 2}, &segs);
+  GenerateOptions o;
+  o.max_new_tokens = 1;
+  o.segment_starts = segs;
+  e->generate_ids(first, o);  // computes and stores the chunks
+  const auto ids = build(*e, {2, 0, 1}, &segs);
+  o.segment_starts = segs;
+  const int64_t n = int64_t(ids.size());
+  for (ReuseMode m : {ReuseMode::kPrefixOnly, ReuseMode::kNone, ReuseMode::kSelective, ReuseMode::kCacheBlend}) {
+    GenerateOptions r = o;
+    r.reuse.mode = m;
+    r.reuse.store = false;
+    const Engine::Agreement a = e->verify_correctness(ids, r, 4);
+    SCOPED_TRACE(reuse_mode_name(m));
+    ASSERT_EQ(a.cosine.size(), 4u);
+    if (m == ReuseMode::kPrefixOnly) {
+      EXPECT_LT(a.n_reused, n / 4);  // only the short common beginning
+      EXPECT_GT(a.mean_cosine(), 0.9999);
+    } else {
+      EXPECT_GT(a.n_reused, n * 3 / 4);  // the three documents
+      EXPECT_GT(a.mean_cosine(), 0.9);
+    }
+    if (m == ReuseMode::kSelective) {
+      EXPECT_GT(a.n_recomputed, 0);
+      EXPECT_LE(a.n_recomputed, 3 * 16 + 1);  // R = 16 per reused run (+ the last token)
+    }
+    if (m == ReuseMode::kCacheBlend) EXPECT_GT(a.n_recomputed, 0);
+    std::printf("%-10s reused %lld/%lld recomputed %lld: cosine %.5f KL %.5f top1 %.2f\n", reuse_mode_name(m),
+                (long long)a.n_reused, (long long)n, (long long)a.n_recomputed, a.mean_cosine(), a.mean_kl(), a.top1_rate());
+  }
+  // Full repair is exact: cacheblend at ratio 1, and selective with R covering every chunk.
+  GenerateOptions full = o;
+  full.reuse.store = false;
+  full.reuse.mode = ReuseMode::kCacheBlend;
+  full.reuse.blend_ratio = 1.0f;
+  EXPECT_GT(e->verify_correctness(ids, full, 4).mean_cosine(), 0.999999);
+  full.reuse.mode = ReuseMode::kSelective;
+  full.reuse.repair_tokens = 1000;
+  const auto sel = e->verify_correctness(ids, full, 4);
+  EXPECT_GT(sel.mean_cosine(), 0.999999);
+  EXPECT_EQ(sel.top1_rate(), 1.0);
+}
+
+TEST(Reuse, ExactHitsSurviveARestartThroughTheDiskTier) {
+  KVBOOST_REQUIRE_PATH(stories());
+  const std::string dir = test::make_temp_dir("reuse_disk");
+  std::vector<int64_t> segs;
+  GenerateOptions o;
+  o.max_new_tokens = 20;
+  GenerateResult cold;
+  std::vector<int32_t> ids;
+  {
+    auto e = Engine::load(stories(), opts(dir));
+    ids = build(*e, {0, 1}, &segs);
+    o.segment_starts = segs;
+    cold = e->generate_ids(ids, o);
+    EXPECT_EQ(cold.n_cached, 0);
+    e->chunk_store()->flush();
+    EXPECT_GT(e->chunk_store()->stats().entries_disk, 0);
+  }
+  auto e = Engine::load(stories(), opts(dir));  // a new process: empty block cache, disk index
+  const GenerateResult warm = e->generate_ids(ids, o);
+  EXPECT_EQ(warm.n_cached, int64_t(ids.size()) - 1);
+  EXPECT_EQ(warm.output_ids, cold.output_ids);
+  const kv::ChunkStats s = e->chunk_store()->stats();
+  EXPECT_GT(s.disk_loads, 0);
+  EXPECT_GT(s.prefix_hits, 0);
+}
+
+TEST(Reuse, WarmPinsAndCountsAreConsistent) {
+  KVBOOST_REQUIRE_PATH(stories());
+  auto e = Engine::load(stories(), opts());
+  std::vector<int64_t> segs;
+  const auto ids = build(*e, {1, 2}, &segs);
+  e->warm(ids, segs);
+  EXPECT_GT(e->chunk_store()->stats().pinned, 0);
+  GenerateOptions o;
+  o.max_new_tokens = 5;
+  o.segment_starts = segs;
+  const GenerateResult r = e->generate_ids(ids, o);
+  EXPECT_EQ(r.n_cached, int64_t(ids.size()) - 1);
+  EXPECT_EQ(r.n_reused + r.n_new, int64_t(ids.size()));
+  EXPECT_NEAR(r.reuse_ratio(), double(ids.size() - 1) / double(ids.size()), 1e-9);
+}
+
+}  // namespace

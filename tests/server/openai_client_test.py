@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""The OpenAI Python client (pinned in .venv) against `kvboost serve` over loopback.
+
+Starts `kvboost serve --port 0` on a generated tiny fixture model, drives it with the official
+`openai` client — models, completions and chat completions, streaming and not, usage with cached
+tokens, the errors the client maps to exception classes — then sends SIGTERM and expects a clean
+exit (status 0). Exit 77 (skip) when the openai package is missing, unless
+KVBOOST_REQUIRE_ORACLES=1.
+"""
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvboost", required=True)
+    ap.add_argument("--fixture", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    try:
+        import openai
+    except ImportError as e:
+        if os.environ.get("KVBOOST_REQUIRE_ORACLES") == "1":
+            print(f"openai client missing: {e}", file=sys.stderr)
+            return 1
+        print(f"SKIP: openai client not importable ({e}); run scripts/install-deps.sh", file=sys.stderr)
+        return 77
+
+    os.makedirs(a.workdir, exist_ok=True)
+    model_dir = os.path.join(a.workdir, "tiny")
+    if not os.path.exists(os.path.join(model_dir, "model.safetensors")):
+        subprocess.run([a.fixture, "--out", model_dir, "--preset", "tiny"], check=True, stdout=subprocess.DEVNULL)
+
+    key = "sk-kvboost-test"
+    proc = subprocess.Popen(
+        [a.kvboost, "serve", "--model", model_dir, "--port", "0", "--api-key", key, "--served-model-name", "tiny",
+         "--max-batch", "4", "--threads", "1"],
+        stderr=subprocess.PIPE, text=True)
+    port = None
+    log = []
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        log.append(line)
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)/v1", line)
+        if m:
+            port = int(m.group(1))
+            break
+    if port is None:
+        proc.kill()
+        print("server did not start:\n" + "".join(log), file=sys.stderr)
+        return 1
+    # Keep draining stderr so the server never blocks on it.
+    threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
+
+    base = f"http://127.0.0.1:{port}/v1"
+    client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=60)
+    failures = []
+
+    def check(cond, what):
+        print(("ok   " if cond else "FAIL ") + what)
+        if not cond:
+            failures.append(what)
+
+    try:
+        ids = [m.id for m in client.models.list()]
+        check(ids == ["tiny"], f"models.list() == ['tiny'] (got {ids})")
+
+        prompt = " ".join(f"word{i % 9}" for i in range(60))
+        c = client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0,
+                                      extra_body={"ignore_eos": True})
+        check(c.object == "text_completion", "completion object")
+        check(c.choices[0].finish_reason == "length", f"finish_reason length (got {c.choices[0].finish_reason})")
+        check(c.usage.completion_tokens == 8, f"completion_tokens 8 (got {c.usage.completion_tokens})")
+        text = c.choices[0].text
+
+        c2 = client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0,
+                                       extra_body={"ignore_eos": True})
+        cached = c2.usage.prompt_tokens_details.cached_tokens if c2.usage.prompt_tokens_details else 0
+        check(cached >= 16, f"repeated prompt: cached_tokens >= 16 (got {cached})")
+        check(c2.choices[0].text == text, "same greedy text from the cache")
+
+        pieces, usage, finish = [], None, None
+        for ch in client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}):
+            if ch.usage:
+                usage = ch.usage
+            for choice in ch.choices:
+                pieces.append(choice.text)
+                finish = choice.finish_reason or finish
+        check("".join(pieces) == text, "streamed completion text == non-streamed text")
+        check(finish == "length", "streamed finish_reason")
+        check(usage is not None and usage.completion_tokens == 8, "streamed usage chunk")
+
+        msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello."}]
+        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0, seed=3,
+                                           extra_body={"ignore_eos": True})
+        check(r.object == "chat.completion", "chat object")
+        check(r.choices[0].message.role == "assistant", "assistant message")
+        content = r.choices[0].message.content
+        stream = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0, seed=3,
+                                                stream=True, extra_body={"ignore_eos": True})
+        got = "".join((ch.choices[0].delta.content or "") for ch in stream if ch.choices)
+        check(got == content, "streamed chat content == non-streamed content")
+
+        sampled = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0.8,
+                                                 top_p=0.9, seed=42, stop=["\n\n", "###"],
+                                                 extra_body={"top_k": 20, "min_p": 0.05})
+        check(sampled.choices[0].finish_reason in ("stop", "length"), "sampling parameters accepted")
+
+        def expect(exc, fn, what):
+            try:
+                fn()
+            except exc as e:
+                check(True, f"{what}: {type(e).__name__} {getattr(e, 'status_code', '')}")
+                return
+            except Exception as e:  # noqa: BLE001
+                check(False, f"{what}: expected {exc.__name__}, got {type(e).__name__}: {e}")
+                return
+            check(False, f"{what}: expected {exc.__name__}, got success")
+
+        expect(openai.BadRequestError, lambda: client.completions.create(model="tiny", prompt="x", temperature=5),
+               "temperature out of range")
+        expect(openai.BadRequestError, lambda: client.completions.create(model="tiny", prompt="x", n=2), "n = 2")
+        expect(openai.BadRequestError, lambda: client.chat.completions.create(model="tiny", messages=[]),
+               "empty messages")
+        expect(openai.BadRequestError,
+               lambda: client.completions.create(model="tiny", prompt="x", max_tokens=-1), "negative max_tokens")
+        expect(openai.NotFoundError, lambda: client.completions.create(model="gpt-4", prompt="x"), "unknown model")
+        bad = openai.OpenAI(base_url=base, api_key="wrong", max_retries=0, timeout=30)
+        expect(openai.AuthenticationError, lambda: bad.models.list(), "wrong API key")
+        # Still serving after all that.
+        ok = client.completions.create(model="tiny", prompt="still here", max_tokens=2)
+        check(len(ok.choices) == 1, "serves after bad requests")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = "killed after 60 s"
+    check(rc == 0, f"SIGTERM: clean exit 0 (got {rc})")
+    if failures:
+        print("server log:\n" + "".join(log), file=sys.stderr)
+        print(f"{len(failures)} failure(s)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
