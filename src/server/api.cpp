@@ -423,8 +423,11 @@ ParsedRequest parse_warm(const ojson& body, const ApiContext& ctx) {
   b.erase("stream");
   b["max_tokens"] = 1;
   ParsedRequest p = field(body, "messages") ? parse_chat(b, ctx) : parse_completion(b, ctx);
+  // As Engine::warm: greedy, one token, the computed chunks pinned in the chunk store's RAM tier.
   p.opt.sampling.temperature = 0.0f;
   p.opt.stop.clear();
+  p.opt.ignore_eos = true;
+  p.opt.reuse.pin = true;
   return p;
 }
 

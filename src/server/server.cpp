@@ -153,7 +153,9 @@ struct Server::Impl {
     for (;;) {
       {
         std::unique_lock<std::mutex> l(sched_mu);
-        sched_cv.wait(l, [&] { return sched_stop || sched_wake || engine.has_work(); });
+        // The timeout is a safety net: a request finished by another thread's step (Engine::generate
+        // callers) is still reaped.
+        sched_cv.wait_for(l, std::chrono::milliseconds(50), [&] { return sched_stop || sched_wake || engine.has_work(); });
         sched_wake = false;
         if (sched_stop && !engine.has_work()) {
           l.unlock();
@@ -509,6 +511,7 @@ struct Server::Impl {
       return;
     }
     if (warm) {
+      if (kv::ChunkStore* cs = engine.chunk_store()) cs->flush();  // disk tier written before we answer
       ojson w;
       w["object"] = "warm";
       w["model"] = model;
@@ -563,6 +566,26 @@ struct Server::Impl {
     k["spills"] = kv.spills;
     k["page_ins"] = kv.page_ins;
     s["kv"] = k;
+    if (const kv::ChunkStore* cs = engine.chunk_store()) {
+      const kv::ChunkStats c = cs->stats();
+      ojson ck;
+      ck["entries"] = c.entries;
+      ck["entries_ram"] = c.entries_ram;
+      ck["entries_disk"] = c.entries_disk;
+      ck["pinned"] = c.pinned;
+      ck["bytes_ram"] = c.bytes_ram;
+      ck["bytes_disk"] = c.bytes_disk;
+      ck["lookups"] = c.lookups;
+      ck["prefix_hits"] = c.prefix_hits;
+      ck["content_hits"] = c.content_hits;
+      ck["hit_rate"] = c.hit_rate();
+      ck["disk_loads"] = c.disk_loads;
+      ck["corrupt"] = c.corrupt;
+      ck["stores"] = c.stores;
+      ck["evictions_ram"] = c.evictions_ram;
+      ck["evictions_disk"] = c.evictions_disk;
+      s["chunks"] = ck;
+    }
     std::lock_guard<std::mutex> l(stats_mu);
     ojson rq;
     rq["finished"] = n_finished;
@@ -659,6 +682,23 @@ struct Server::Impl {
     o << "kvboost_kv_spills_total " << kv.spills << '\n';
     metric("kvboost_kv_page_ins_total", "counter", "KV blocks paged back from the cold tier.");
     o << "kvboost_kv_page_ins_total " << kv.page_ins << '\n';
+    if (const kv::ChunkStore* cs = engine.chunk_store()) {
+      const kv::ChunkStats c = cs->stats();
+      metric("kvboost_chunk_store_entries", "gauge", "Chunks in the chunk store, by tier.");
+      o << "kvboost_chunk_store_entries{tier=\"ram\"} " << c.entries_ram << "\nkvboost_chunk_store_entries{tier=\"disk\"} "
+        << c.entries_disk << '\n';
+      metric("kvboost_chunk_store_bytes", "gauge", "Bytes held by the chunk store, by tier.");
+      o << "kvboost_chunk_store_bytes{tier=\"ram\"} " << c.bytes_ram << "\nkvboost_chunk_store_bytes{tier=\"disk\"} "
+        << c.bytes_disk << '\n';
+      metric("kvboost_chunk_store_lookups_total", "counter", "Chunk lookups.");
+      o << "kvboost_chunk_store_lookups_total " << c.lookups << '\n';
+      metric("kvboost_chunk_store_hits_total", "counter", "Chunk hits, by kind (prefix: exact; content: another position).");
+      o << "kvboost_chunk_store_hits_total{kind=\"prefix\"} " << c.prefix_hits << "\nkvboost_chunk_store_hits_total{kind=\"content\"} "
+        << c.content_hits << '\n';
+      metric("kvboost_chunk_store_evictions_total", "counter", "Chunks evicted, by tier.");
+      o << "kvboost_chunk_store_evictions_total{tier=\"ram\"} " << c.evictions_ram << "\nkvboost_chunk_store_evictions_total{tier=\"disk\"} "
+        << c.evictions_disk << '\n';
+    }
     metric("kvboost_process_resident_memory_bytes", "gauge", "Resident set size of the server process.");
     o << "kvboost_process_resident_memory_bytes " << process_rss_bytes() << '\n';
     return o.str();
