@@ -22,6 +22,15 @@ std::string read_stdin();
 void add_generate(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_logits(CLI::App& app);
+void add_cache_commands(CLI::App& app);  // kvboost warm, kvboost cache (cmd_cache.cpp)
+
+// Chunk store options (--chunk-size, --chunk-store, --chunk-ram, --chunk-disk, --kv-quant).
+struct ChunkArgs {
+  int64_t chunk_size = 128;
+  std::string disk_dir, ram = "512MiB", disk = "0", quant = "f32";
+  void add(CLI::App* c);
+  void apply(EngineOptions& eo) const;
+};
 void add_serve(CLI::App& app);
 
 }  // namespace kvboost::cli

@@ -21,18 +21,24 @@ struct GenerateArgs {
   bool no_prefix_cache = false, stats = false;
   std::string cache_namespace;
   int repeat = 1;
+  std::vector<std::string> segments;
+  ChunkArgs chunks;
+  std::string reuse = "prefix";
+  int64_t repair_tokens = 16;
+  float blend_ratio = 0.15f;
 };
 
-void run_generate(const GenerateArgs& a) {
+void run_generate(GenerateArgs a) {
   if (a.threads > 0) set_num_threads(a.threads);
   std::string prompt = a.prompt;
   if (!a.prompt_file.empty()) prompt = read_file(a.prompt_file);
-  else if (prompt.empty()) fail("no prompt: give -p TEXT or -f FILE");
+  else if (prompt.empty() && a.segments.empty()) fail("no prompt: give -p TEXT, -f FILE or --segment TEXT");
   const std::string dir = resolve_model_dir(a.model, a.quiet);
   EngineOptions eopt;
   eopt.block_size = a.block_size;
   if (!a.kv_budget.empty()) eopt.kv_budget_bytes = parse_bytes(a.kv_budget, "--kv-budget");
   eopt.cold_dir = a.cold_dir;
+  a.chunks.apply(eopt);
   auto engine = load_engine(dir, a.quiet, eopt);
 
   GenerateOptions opt;
@@ -48,6 +54,27 @@ void run_generate(const GenerateArgs& a) {
   opt.ignore_eos = a.ignore_eos;
   opt.prefix_cache = !a.no_prefix_cache;
   opt.cache_namespace = a.cache_namespace;
+  opt.reuse.mode = parse_reuse_mode(a.reuse);
+  opt.reuse.repair_tokens = a.repair_tokens;
+  opt.reuse.blend_ratio = a.blend_ratio;
+  // Segments (RAG documents) first, each chunked on its own; the prompt text after them.
+  std::vector<int32_t> ids;
+  if (!a.segments.empty()) {
+    const Tokenizer& tok = engine->tokenizer();
+    for (size_t i = 0; i < a.segments.size(); ++i) {
+      if (i > 0) opt.segment_starts.push_back(int64_t(ids.size()));
+      auto x = tok.encode(a.segments[i], i == 0 && opt.add_special);
+      ids.insert(ids.end(), x.begin(), x.end());
+    }
+    if (!prompt.empty()) {
+      opt.segment_starts.push_back(int64_t(ids.size()));
+      auto x = tok.encode(prompt, false);
+      ids.insert(ids.end(), x.begin(), x.end());
+    }
+    std::string all;
+    for (const auto& sg : a.segments) all += sg;
+    prompt = all + prompt;
+  }
   opt.on_text = [](std::string_view s) {
     std::fwrite(s.data(), 1, s.size(), stdout);
     std::fflush(stdout);
@@ -58,7 +85,7 @@ void run_generate(const GenerateArgs& a) {
       std::fwrite(prompt.data(), 1, prompt.size(), stdout);
       std::fflush(stdout);
     }
-    GenerateResult r = engine->generate(prompt, opt);
+    GenerateResult r = ids.empty() ? engine->generate(prompt, opt) : engine->generate_ids(ids, opt);
     std::fputc('\n', stdout);
     std::fflush(stdout);
     if (!a.quiet) {
@@ -68,9 +95,16 @@ void run_generate(const GenerateArgs& a) {
                    r.n_prompt(), (long long)r.n_cached, r.output_ids.size(), r.finish_reason.c_str(), r.ttft_ms,
                    r.prefill_tok_per_s(), r.prefill_ms, r.decode_tok_per_s(),
                    r.decode_ms, num_threads(), isa_name(active_isa()));
+      std::fprintf(stderr, "reuse (%s): %lld tokens reused, %lld recomputed, %lld new, reuse ratio %.1f%%\n",
+                   a.reuse.c_str(), (long long)r.n_reused, (long long)r.n_recomputed, (long long)r.n_new,
+                   100.0 * r.reuse_ratio());
     }
   }
   if (a.stats) std::fprintf(stderr, "kv cache: %s\n", engine->kv_stats().to_string().c_str());
+  if (auto* cs = engine->chunk_store()) {
+    cs->flush();
+    if (a.stats) std::fprintf(stderr, "chunk store: %s\n", cs->stats().to_string().c_str());
+  }
 }
 }  // namespace
 
@@ -101,6 +135,11 @@ void add_generate(CLI::App& app) {
   c->add_flag("--no-prefix-cache", a->no_prefix_cache, "Do not reuse cached K/V of earlier requests");
   c->add_option("--cache-namespace", a->cache_namespace, "Tenant: K/V cached under one namespace is never reused by another");
   c->add_option("--repeat", a->repeat, "Run the same request this many times (later runs hit the prefix cache)")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--segment", a->segments, "A prompt segment (system prompt, RAG document), chunked on its own (repeatable; the -p text follows them)");
+  c->add_option("--reuse", a->reuse, "Chunk reuse: prefix | none | selective | cacheblend")->capture_default_str();
+  c->add_option("--repair-tokens", a->repair_tokens, "selective: tokens recomputed at the start of each reused run")->capture_default_str();
+  c->add_option("--blend-ratio", a->blend_ratio, "cacheblend: fraction of reused tokens recomputed")->capture_default_str();
+  a->chunks.add(c);
   c->add_flag("--stats", a->stats, "Print KV cache statistics (blocks used, cached, hit rate) at the end");
   c->callback([a]() { run_generate(*a); });
 }
