@@ -42,6 +42,7 @@ struct Sample {
   double ttft_ms = -1;
   std::vector<double> gaps_ms;  // between consecutive content chunks
   int64_t tokens = 0;
+  double decode_ms = 0;         // first content chunk -> last content chunk
   int status = 0;
   bool ok = false;
 };
@@ -121,6 +122,7 @@ Sample one_request(const Args& a, int client, int seq) {
     last = t;
   }
   s.ok = done;
+  if (s.ttft_ms >= 0) s.decode_ms = last - t0 - s.ttft_ms;
   if (!done) s.status = -2;
   return s;
 }
@@ -147,13 +149,14 @@ json run_phase(const Args& a, int clients) {
 
   int64_t ok = 0, tokens = 0, rejected = 0;
   std::map<int, int64_t> errors;
-  std::vector<double> ttft, gaps;
+  std::vector<double> ttft, gaps, stream_rate;
   for (const Sample& s : samples) {
     if (s.ok) {
       ++ok;
       tokens += s.tokens;
       if (s.ttft_ms >= 0) ttft.push_back(s.ttft_ms);
       gaps.insert(gaps.end(), s.gaps_ms.begin(), s.gaps_ms.end());
+      if (s.tokens > 2 && s.decode_ms > 0) stream_rate.push_back(double(s.tokens - 1) * 1000.0 / s.decode_ms);
     } else if (s.status == 503) {
       ++rejected;
     } else {
@@ -167,6 +170,10 @@ json run_phase(const Args& a, int clients) {
   r["requests_per_s"] = double(ok) / wall_s;
   r["tokens"] = tokens;
   r["tokens_per_s"] = double(tokens) / wall_s;
+  // Decode rate of one stream while `clients` streams run (median over requests), and that times
+  // the number of streams: the aggregate decode rate with every stream decoding.
+  r["decode_tok_per_s_per_stream"] = pct(stream_rate, 50);
+  r["decode_tok_per_s_aggregate"] = pct(stream_rate, 50) * clients;
   r["ttft_ms_p50"] = pct(ttft, 50);
   r["ttft_ms_p99"] = pct(ttft, 99);
   r["itl_ms_p50"] = pct(gaps, 50);
@@ -183,10 +190,10 @@ json run_phase(const Args& a, int clients) {
   }
   std::printf(
       "clients %3d | %6.1f s | %5lld ok (%.2f req/s) | %7.1f tok/s | TTFT p50 %7.1f p99 %7.1f ms | ITL p50 %6.1f p99 %6.1f ms | "
-      "503s %lld | errors %s | RSS %.1f -> %.1f MiB\n",
+      "503s %lld | errors %s | RSS %.1f -> %.1f MiB | decode %.1f tok/s/stream, %.1f aggregate\n",
       clients, wall_s, (long long)ok, double(ok) / wall_s, double(tokens) / wall_s, pct(ttft, 50), pct(ttft, 99),
       pct(gaps, 50), pct(gaps, 99), (long long)rejected, e.dump().c_str(), r.value("server_rss_mib_before", 0.0),
-      r.value("server_rss_mib_after", 0.0));
+      r.value("server_rss_mib_after", 0.0), pct(stream_rate, 50), pct(stream_rate, 50) * clients);
   std::fflush(stdout);
   return r;
 }
@@ -225,9 +232,11 @@ int main(int argc, char** argv) {
   for (int c : phases) all.push_back(run_phase(a, c));
   if (phases.size() > 1) {
     const double base = all[0]["tokens_per_s"].get<double>();
+    const double dbase = all[0]["decode_tok_per_s_aggregate"].get<double>();
     for (size_t i = 1; i < all.size(); ++i)
-      std::printf("aggregate generation tok/s at %d clients vs %d: %.2fx\n", phases[i], phases[0],
-                  base > 0 ? all[i]["tokens_per_s"].get<double>() / base : 0.0);
+      std::printf("at %d clients vs %d: end-to-end generation tok/s %.2fx, aggregate decode tok/s %.2fx\n", phases[i],
+                  phases[0], base > 0 ? all[i]["tokens_per_s"].get<double>() / base : 0.0,
+                  dbase > 0 ? all[i]["decode_tok_per_s_aggregate"].get<double>() / dbase : 0.0);
   }
   if (!a.json_out.empty()) {
     FILE* f = std::fopen(a.json_out.c_str(), "w");

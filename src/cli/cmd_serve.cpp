@@ -3,6 +3,7 @@
 // exits 0.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -22,9 +23,23 @@ struct ServeArgs {
   std::string max_body = "8MiB";
   int threads = 0;
   int64_t block_size = 16;
-  std::string kv_budget, cold_dir;
+  std::string kv_budget, cold_dir, chunk_ram, chunk_dir;
   bool quiet = false, log_requests = false;
 };
+
+// A server runs many sequences at once: by default room for max_batch whole contexts (the
+// engine's own default is one), at most 2 GiB. Reserved, committed only as blocks are used.
+size_t default_kv_budget(const std::string& dir, int64_t max_batch, int64_t block_size) {
+  try {
+    const std::string gguf = gguf_model_file(dir);
+    const ModelConfig c = gguf.empty() ? ModelConfig::from_dir(dir) : ModelConfig::from_gguf(gguf);
+    const double per_token = double(2 * c.n_layers * c.n_kv_heads * c.head_dim) * sizeof(float);
+    const double want = per_token * double(c.max_position_embeddings + block_size) * double(max_batch);
+    return size_t(std::min(want, double(size_t(2) << 30)));
+  } catch (const Error&) {
+    return 0;  // the engine's default; Engine::load reports the real problem
+  }
+}
 
 void run_serve(const ServeArgs& a) {
   if (a.threads > 0) set_num_threads(a.threads);
@@ -43,7 +58,10 @@ void run_serve(const ServeArgs& a) {
   eopt.max_batch = a.max_batch;
   eopt.prefill_chunk = a.prefill_chunk;
   if (!a.kv_budget.empty()) eopt.kv_budget_bytes = parse_bytes(a.kv_budget, "--kv-budget");
+  else eopt.kv_budget_bytes = default_kv_budget(dir, a.max_batch, a.block_size);
   eopt.cold_dir = a.cold_dir;
+  if (!a.chunk_ram.empty()) eopt.chunk_store.ram_bytes = a.chunk_ram == "0" ? 0 : parse_bytes(a.chunk_ram, "--chunk-ram");
+  eopt.chunk_store.disk_dir = a.chunk_dir;
   auto engine = load_engine(dir, a.quiet, eopt);
 
   ServerOptions so;
@@ -105,8 +123,10 @@ void add_serve(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   c->add_option("--threads", a->threads, "Worker threads (default: all cores)");
   c->add_option("--block-size", a->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--kv-budget", a->kv_budget, "Bytes of KV memory, e.g. 512MiB (default: the whole context, at most 2GiB)");
+  c->add_option("--kv-budget", a->kv_budget, "Bytes of KV memory, e.g. 512MiB (default: max-batch whole contexts, at most 2GiB)");
   c->add_option("--kv-cold-dir", a->cold_dir, "Spill KV blocks beyond --kv-budget to a file in this directory");
+  c->add_option("--chunk-ram", a->chunk_ram, "RAM for the chunk store (chunk-level reuse), e.g. 512MiB; 0 turns it off");
+  c->add_option("--chunk-dir", a->chunk_dir, "Disk tier of the chunk store (survives restarts)");
   c->add_flag("--log-requests", a->log_requests, "One line per request on stderr");
   c->add_flag("-q,--quiet", a->quiet, "No startup or shutdown messages");
   c->callback([a]() { run_serve(*a); });
