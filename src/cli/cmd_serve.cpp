@@ -23,7 +23,8 @@ struct ServeArgs {
   std::string max_body = "8MiB";
   int threads = 0;
   int64_t block_size = 16;
-  std::string kv_budget, cold_dir, chunk_ram, chunk_dir;
+  std::string kv_budget, cold_dir;
+  ChunkArgs chunks;
   bool quiet = false, log_requests = false;
 };
 
@@ -60,8 +61,7 @@ void run_serve(const ServeArgs& a) {
   if (!a.kv_budget.empty()) eopt.kv_budget_bytes = parse_bytes(a.kv_budget, "--kv-budget");
   else eopt.kv_budget_bytes = default_kv_budget(dir, a.max_batch, a.block_size);
   eopt.cold_dir = a.cold_dir;
-  if (!a.chunk_ram.empty()) eopt.chunk_store.ram_bytes = a.chunk_ram == "0" ? 0 : parse_bytes(a.chunk_ram, "--chunk-ram");
-  eopt.chunk_store.disk_dir = a.chunk_dir;
+  a.chunks.apply(eopt);
   auto engine = load_engine(dir, a.quiet, eopt);
 
   ServerOptions so;
@@ -125,8 +125,7 @@ void add_serve(CLI::App& app) {
   c->add_option("--block-size", a->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("--kv-budget", a->kv_budget, "Bytes of KV memory, e.g. 512MiB (default: max-batch whole contexts, at most 2GiB)");
   c->add_option("--kv-cold-dir", a->cold_dir, "Spill KV blocks beyond --kv-budget to a file in this directory");
-  c->add_option("--chunk-ram", a->chunk_ram, "RAM for the chunk store (chunk-level reuse), e.g. 512MiB; 0 turns it off");
-  c->add_option("--chunk-dir", a->chunk_dir, "Disk tier of the chunk store (survives restarts)");
+  a->chunks.add(c);
   c->add_flag("--log-requests", a->log_requests, "One line per request on stderr");
   c->add_flag("-q,--quiet", a->quiet, "No startup or shutdown messages");
   c->callback([a]() { run_serve(*a); });
