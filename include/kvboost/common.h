@@ -2,12 +2,15 @@
 // The bottom layer: every other module may use it; it uses nothing of ours.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace kvboost {
 
@@ -80,12 +83,59 @@ Isa active_isa();           // the best ISA allowed by the hardware and KVBOOST_
 void set_active_isa(Isa);   // tests: force a path (clamped to what the CPU supports)
 const char* isa_name(Isa);
 
-// Threads: kernels parallelise with OpenMP over a persistent team sized to the cores.
+// Threads: kernels parallelise over a persistent pool of num_threads() - 1 worker threads plus
+// the calling thread (thread_pool.cpp). The default size is OpenMP's (OMP_NUM_THREADS, else the
+// cores); set_num_threads resizes the pool and OpenMP's team (still used outside the kernels).
 int num_threads();
 void set_num_threads(int n);
 
+// Runs fn(ctx, tid, n) for tid = 0 .. n - 1 on n = clamp(n_threads, 1, num_threads()) threads
+// (the caller runs tid 0) and returns when every one has returned. Workers spin briefly after a
+// task (KVBOOST_SPIN_US, default 200 µs) so that back-to-back kernels do not pay a wake-up, then
+// sleep on a futex. Nested calls (from inside a task) and calls made while another thread holds
+// the pool run fn(ctx, 0, 1) inline, so fn must be correct for any n >= 1. fn must not throw.
+void parallel_run(int n_threads, void (*fn)(void* ctx, int tid, int n), void* ctx);
+template <typename F>
+void parallel_run(int n_threads, F&& f) {  // f(int tid, int n)
+  using Fn = std::remove_reference_t<F>;
+  parallel_run(n_threads, [](void* c, int tid, int n) { (*static_cast<Fn*>(c))(tid, n); },
+               const_cast<void*>(static_cast<const void*>(&f)));
+}
+// Splits [0, n) into one contiguous range per thread, boundaries multiples of `align` (so that
+// threads never write the same cache line of an output: align = 16 floats), sizes as equal as
+// that allows, and calls f(begin, end) on each (empty ranges are skipped). Serial when n is
+// below `min_parallel`.
+template <typename F>
+void parallel_for(int64_t n, int64_t align, int64_t min_parallel, F&& f) {
+  const int nt = n >= min_parallel ? num_threads() : 1;
+  if (nt <= 1 || n <= align) {
+    if (n > 0) f(int64_t(0), n);
+    return;
+  }
+  parallel_run(nt, [&](int tid, int nth) {
+    const int64_t units = (n + align - 1) / align;
+    const int64_t b = units * tid / nth * align, e = std::min(n, units * (tid + 1) / nth * align);
+    if (b < e) f(b, e);
+  });
+}
+
 // Monotonic wall clock in milliseconds.
 double now_ms();
+
+// Calls f(i, tid) for every i in [0, n), handing out indices one at a time from a shared counter
+// (for items of uneven cost); serial when !parallel. tid < num_threads() indexes per-thread
+// scratch.
+template <typename F>
+void parallel_for_dynamic(int64_t n, bool parallel, F&& f) {
+  if (!parallel || n <= 1 || num_threads() <= 1) {
+    for (int64_t i = 0; i < n; ++i) f(i, 0);
+    return;
+  }
+  alignas(64) std::atomic<int64_t> next{0};
+  parallel_run(int(std::min<int64_t>(n, num_threads())), [&](int tid, int) {
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) f(i, tid);
+  });
+}
 
 // ---- implementation of fail() ----
 namespace detail {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 namespace kvboost::kernels {
 
@@ -20,6 +21,44 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
             int64_t M, int64_t N, int64_t K);
 void matmul_ref(const float* x, const void* w, WType wt, const float* bias, float* y,
                 int64_t M, int64_t N, int64_t K);
+
+// ---- weights repacked for the matmul micro-kernels (done once, at load) ----
+// Layout: panels of 16 output features; panel p holds w[16p .. 16p + 16) as [K][16] (k-major),
+// so prefill's register tiles (6 tokens x 16 features) read one contiguous 32/64-byte vector
+// per k and decode streams each panel linearly. N is padded to a multiple of 16 with zeros.
+// Within a k row: f32 and f16 in feature order; bf16 interleaved (features i and 8 + i in the
+// same 32-bit word) so that a shift and a mask turn a 32-byte load into two f32 vectors.
+// The element type is the source's (no precision is lost; the packed copy is the same size).
+class PackedWeight {
+ public:
+  PackedWeight() = default;
+  WType wt() const { return wt_; }
+  int64_t n() const { return n_; }        // output features (rows of the source)
+  int64_t k() const { return k_; }        // input features
+  const void* data() const { return data_.get(); }
+  size_t bytes() const { return bytes_; }  // packed size, padding included
+  bool empty() const { return !data_; }
+
+ private:
+  friend PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K);
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<uint8_t[], Free> data_;
+  size_t bytes_ = 0;
+  WType wt_ = WType::F32;
+  int64_t n_ = 0, k_ = 0;
+};
+// w: [N, K] of type wt (the nn.Linear layout, as matmul takes it). 64-byte aligned result.
+// Parallel over panels; costs about one pass over the weights.
+PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K);
+// y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]): matmul over a packed weight, any M (M = 1
+// is decode's GEMV). x: [M, w.k()] f32; bias: [w.n()] or nullptr; y: [M, w.n()] f32.
+void matmul_packed(const float* x, const PackedWeight& w, const float* bias, float* y, int64_t M);
+// Scalar reference over the packed layout (double accumulation): checks the layout and the fast
+// versions.
+void matmul_packed_ref(const float* x, const PackedWeight& w, const float* bias, float* y,
+                       int64_t M);
 
 // Row-wise RMSNorm: y = x / sqrt(mean(x^2) + eps) * w.   x, y: [n_rows, dim]; w: [dim].
 // x == y is allowed.

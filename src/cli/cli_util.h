@@ -22,6 +22,9 @@ std::string read_stdin();
 void add_generate(CLI::App& app);
 void add_tokenize(CLI::App& app);
 void add_logits(CLI::App& app);
+// `kvboost bench` with its roofline and model subcommands (cmd_bench.cpp). Returns the bench
+// command so that other bench subcommands can be added to it: add_bench(app)->add_subcommand(...).
+CLI::App* add_bench(CLI::App& app);
 void add_cache_commands(CLI::App& app);  // kvboost warm, kvboost cache (cmd_cache.cpp)
 
 // Chunk store options (--chunk-size, --chunk-store, --chunk-ram, --chunk-disk, --kv-quant).

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   kvboost::cli::add_generate(app);
   kvboost::cli::add_tokenize(app);
   kvboost::cli::add_logits(app);
+  kvboost::cli::add_bench(app);
   kvboost::cli::add_cache_commands(app);
   kvboost::cli::add_serve(app);
   try {

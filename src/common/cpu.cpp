@@ -1,6 +1,5 @@
 // CPU feature detection and the one place where the kernel ISA is chosen.
 #include <cpuid.h>
-#include <omp.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -95,11 +94,6 @@ const char* isa_name(Isa isa) {
     case Isa::Avx512: return "avx512";
   }
   return "?";
-}
-
-int num_threads() { return omp_get_max_threads(); }
-void set_num_threads(int n) {
-  if (n > 0) omp_set_num_threads(n);
 }
 
 }  // namespace kvboost

@@ -28,6 +28,13 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
   matmul_ref(x, w, wt, bias, y, M, N, K);
 }
 
+void matmul_packed(const float* x, const PackedWeight& w, const float* bias, float* y, int64_t M) {
+  if (M <= 0) return;
+  if (w.empty()) fail("matmul_packed: empty PackedWeight");
+  if (active_isa() >= Isa::Avx2) return cpu::matmul_packed_avx2(x, w, bias, y, M);
+  matmul_packed_ref(x, w, bias, y, M);
+}
+
 void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t dim, float eps) {
   if (active_isa() >= Isa::Avx2) return cpu::rms_norm_avx2(x, w, y, n_rows, dim, eps);
   rms_norm_ref(x, w, y, n_rows, dim, eps);

@@ -7,6 +7,16 @@ namespace kvboost::kernels::cpu {
 void matmul_avx2(const float* x, const void* w, WType wt, const float* bias, float* y,
                  int64_t M, int64_t N, int64_t K);
 
+// Packed weights (kernels.h PackedWeight): features per panel, and the feature stored at
+// position pos (0..15) of a panel's k row.
+constexpr int kPackedPanel = 16;
+int packed_feature(WType wt, int pos);
+// matmul over raw [N, K] weights through the packed micro-kernel, packing panels on the fly.
+void matmul_raw_tiles_avx2(const float* x, const void* w, WType wt, const float* bias, float* y,
+                           int64_t M, int64_t N, int64_t K);
+void matmul_packed_avx2(const float* x, const PackedWeight& w, const float* bias, float* y,
+                        int64_t M);
+
 void rms_norm_avx2(const float* x, const float* w, float* y, int64_t n_rows, int64_t dim, float eps);
 void silu_mul_avx2(const float* gate, const float* up, float* y, int64_t n);
 

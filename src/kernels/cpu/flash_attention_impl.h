@@ -388,7 +388,7 @@ inline void paged_attention(const float* q, const float* k_pool, const float* v_
   const int64_t n_items = n_kv_heads * P.n_row_tiles;
 
   // Split-K sizing.
-  const int64_t n_threads = omp_get_max_threads();
+  const int64_t n_threads = num_threads();
   const int64_t unit_ws = P.rows * (P.hd_pad + 2);
   const int64_t max_splits = std::max<int64_t>(1, kSplitWsFloats / (n_items * unit_ws));
   int64_t lo_last, hi_last;  // the last row tile has the longest key range under the causal mask
@@ -423,32 +423,28 @@ inline void paged_attention(const float* q, const float* k_pool, const float* v_
   };
 
   if (n_splits == 1) {
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-    for (int64_t u = 0; u < n_units; ++u) {
+    parallel_for_dynamic(n_units, parallel, [&](int64_t u, int) {
       int64_t kvh, r0, r1, k0, k1;
       decode_unit(u, kvh, r0, r1, k0, k1);
       alignas(32) float acc[kAccFloats];
       float m[kMaxRows], l[kMaxRows];
       run_unit(P, kvh, r0, r1, k0, k1, acc, m, l);
       write_rows(P, kvh, r0, r1, acc, m, l);
-    }
+    });
     return;
   }
 
   // Split-K: partials of unit u at ws + u * unit_ws: acc [rows][hd_pad], then m [rows], l [rows].
   alignas(32) float ws[kSplitWsFloats];
-#pragma omp parallel if (parallel)
   {
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t u = 0; u < n_units; ++u) {
+    parallel_for_dynamic(n_units, parallel, [&](int64_t u, int) {
       int64_t kvh, r0, r1, k0, k1;
       decode_unit(u, kvh, r0, r1, k0, k1);
       float* acc = ws + u * unit_ws;
       run_unit(P, kvh, r0, r1, k0, k1, acc, acc + P.rows * P.hd_pad, acc + P.rows * (P.hd_pad + 1));
-    }
+    });
     // Log-sum-exp merge: m = max m_s, l = sum l_s e^(m_s - m), acc = sum acc_s e^(m_s - m).
-#pragma omp for schedule(static)
-    for (int64_t item = 0; item < n_items; ++item) {
+    parallel_for_dynamic(n_items, parallel, [&](int64_t item, int) {
       int64_t kvh, r0, r1, k0, k1;
       decode_unit(item * n_splits, kvh, r0, r1, k0, k1);
       for (int64_t r = 0; r < r1 - r0; ++r) {
@@ -474,7 +470,7 @@ inline void paged_attention(const float* q, const float* k_pool, const float* v_
         for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
         if (lse && lsum > 0.0f) lse[row] = mx + std::log(lsum);
       }
-    }
+    });
   }
 }
 

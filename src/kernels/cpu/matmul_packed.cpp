@@ -1,0 +1,86 @@
+// Weight packing for the matmul micro-kernels, and the scalar reference over the packed layout.
+// Layout contract (kernels.h, PackedWeight): panels of 16 output features, [K][16] per panel.
+#include <cstdlib>
+#include <cstring>
+
+#include "cpu/cpu_kernels.h"
+#include "kvboost/common.h"
+
+namespace kvboost::kernels {
+using cpu::kPackedPanel;
+
+void PackedWeight::Free::operator()(void* p) const { std::free(p); }
+
+namespace cpu {
+int packed_feature(WType wt, int pos) {
+  // bf16: the 32-bit word i holds features i (low half) and 8 + i (high half).
+  if (wt == WType::BF16) return (pos & 1) ? 8 + pos / 2 : pos / 2;
+  return pos;
+}
+}  // namespace cpu
+
+PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K) {
+  if (N <= 0 || K <= 0) fail("pack_weight: empty weight [", N, ", ", K, "]");
+  const int es = wtype_size(wt);
+  const int64_t n_panels = (N + kPackedPanel - 1) / kPackedPanel;
+  const size_t panel_bytes = size_t(K) * kPackedPanel * es;
+  size_t bytes = size_t(n_panels) * panel_bytes;
+  bytes = (bytes + 63) / 64 * 64;
+  void* mem = std::aligned_alloc(64, bytes);
+  if (!mem) fail("pack_weight: cannot allocate ", bytes, " bytes for a [", N, ", ", K, "] weight");
+  PackedWeight pw;
+  pw.data_.reset(static_cast<uint8_t*>(mem));
+  pw.bytes_ = bytes;
+  pw.wt_ = wt;
+  pw.n_ = N;
+  pw.k_ = K;
+  const uint8_t* src = static_cast<const uint8_t*>(w);
+  uint8_t* dst = static_cast<uint8_t*>(mem);
+  int feat[kPackedPanel];
+  for (int p = 0; p < kPackedPanel; ++p) feat[p] = cpu::packed_feature(wt, p);
+  // Per panel: read 16 source rows (sequential streams), write one linear panel.
+  parallel_for_dynamic(n_panels, n_panels > 1 && N * K >= (1 << 16), [&](int64_t pi, int) {
+    uint8_t* out = dst + size_t(pi) * panel_bytes;
+    for (int64_t k = 0; k < K; ++k) {
+      for (int pos = 0; pos < kPackedPanel; ++pos) {
+        const int64_t n = pi * kPackedPanel + feat[pos];
+        uint8_t* o = out + (size_t(k) * kPackedPanel + pos) * es;
+        if (n < N) std::memcpy(o, src + (size_t(n) * K + k) * es, es);
+        else std::memset(o, 0, es);
+      }
+    }
+  });
+  if (bytes > size_t(n_panels) * panel_bytes)
+    std::memset(dst + size_t(n_panels) * panel_bytes, 0, bytes - size_t(n_panels) * panel_bytes);
+  return pw;
+}
+
+void matmul_packed_ref(const float* x, const PackedWeight& w, const float* bias, float* y,
+                       int64_t M) {
+  const int64_t N = w.n(), K = w.k();
+  const int es = wtype_size(w.wt());
+  const uint8_t* base = static_cast<const uint8_t*>(w.data());
+  int pos_of[kPackedPanel];
+  for (int p = 0; p < kPackedPanel; ++p) pos_of[cpu::packed_feature(w.wt(), p)] = p;
+  for (int64_t n = 0; n < N; ++n) {
+    const uint8_t* panel = base + size_t(n / kPackedPanel) * K * kPackedPanel * es;
+    const int pos = pos_of[n % kPackedPanel];
+    for (int64_t m = 0; m < M; ++m) {
+      double acc = bias ? bias[n] : 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const uint8_t* e = panel + (size_t(k) * kPackedPanel + pos) * es;
+        float v;
+        if (w.wt() == WType::F32) std::memcpy(&v, e, 4);
+        else {
+          uint16_t h;
+          std::memcpy(&h, e, 2);
+          v = w.wt() == WType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
+        }
+        acc += double(x[m * K + k]) * v;
+      }
+      y[m * N + n] = float(acc);
+    }
+  }
+}
+
+}  // namespace kvboost::kernels

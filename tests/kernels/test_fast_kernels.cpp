@@ -1,0 +1,138 @@
+// Issue 4 kernels against their scalar references on every ISA path this CPU runs: packed-weight
+// matmul (prefill tiles and decode GEMV, every weight type, ragged shapes), the raw-layout GEMV
+// and GEMM at model shapes, and the thread pool under the kernels (thread counts 1..3).
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kvboost/common.h"
+#include "kvboost/kernels.h"
+#include "test_util.h"
+
+using namespace kvboost;
+using namespace kvboost::kernels;
+
+namespace {
+
+std::vector<float> randv(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Raw weight bytes of type wt for the f32 values v (rounded to wt).
+std::vector<uint8_t> to_type(const std::vector<float>& v, WType wt) {
+  std::vector<uint8_t> out(v.size() * wtype_size(wt));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (wt == WType::F32) {
+      std::memcpy(out.data() + 4 * i, &v[i], 4);
+    } else {
+      const uint16_t h = wt == WType::F16 ? f32_to_f16(v[i]) : f32_to_bf16(v[i]);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+
+std::vector<Isa> isas() {
+  std::vector<Isa> out{Isa::Scalar};
+  set_active_isa(Isa::Avx512);
+  Isa hw = active_isa();
+  if (hw >= Isa::Avx2) out.push_back(Isa::Avx2);
+  if (hw >= Isa::Avx512) out.push_back(Isa::Avx512);
+  return out;
+}
+
+struct IsaGuard {
+  Isa saved = active_isa();
+  int threads = num_threads();
+  ~IsaGuard() {
+    set_active_isa(saved);
+    set_num_threads(threads);
+  }
+};
+
+// |a - b| within f32 accumulation error over K terms (weights ~0.1, x ~1).
+void expect_close(const std::vector<float>& y, const std::vector<float>& ref, int64_t K,
+                  const std::string& what) {
+  ASSERT_EQ(y.size(), ref.size());
+  for (size_t i = 0; i < y.size(); ++i)
+    ASSERT_NEAR(y[i], ref[i], 2e-5f * (1 + std::sqrt(float(K))) * (1 + std::fabs(ref[i])))
+        << what << " i=" << i;
+}
+
+}  // namespace
+
+TEST(FastKernels, PackedMatmulMatchesRawReference) {
+  IsaGuard g;
+  // M: decode (1), every tail of the 6-token tile, several tiles; N: panel tails; K: odd.
+  const int64_t shapes[][3] = {{1, 1, 1},    {1, 16, 8},    {1, 17, 13},  {1, 100, 896},
+                               {2, 33, 7},   {5, 16, 64},   {6, 48, 100}, {7, 31, 33},
+                               {13, 130, 96}, {64, 40, 200}, {3, 1000, 64}};
+  for (Isa isa : isas()) {
+    set_active_isa(isa);
+    for (WType wt : {WType::F32, WType::F16, WType::BF16}) {
+      for (auto& s : shapes) {
+        const int64_t M = s[0], N = s[1], K = s[2];
+        const auto x = randv(M * K, 11 + M);
+        const auto w = to_type(randv(N * K, 12 + N, 0.1f), wt);
+        const auto bias = randv(N, 13);
+        const PackedWeight pw = pack_weight(w.data(), wt, N, K);
+        ASSERT_EQ(pw.n(), N);
+        ASSERT_EQ(pw.k(), K);
+        ASSERT_EQ(reinterpret_cast<uintptr_t>(pw.data()) % 64, 0u);
+        for (bool use_bias : {false, true}) {
+          const float* b = use_bias ? bias.data() : nullptr;
+          std::vector<float> y(M * N, NAN), yp(M * N, NAN), yr(M * N);
+          matmul_ref(x.data(), w.data(), wt, b, yr.data(), M, N, K);
+          matmul_packed(x.data(), pw, b, y.data(), M);
+          matmul_packed_ref(x.data(), pw, b, yp.data(), M);
+          const std::string what = std::string(isa_name(isa)) + " " + wtype_name(wt) +
+                                   " M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                                   " K=" + std::to_string(K);
+          expect_close(yp, yr, K, what + " (packed ref)");
+          expect_close(y, yr, K, what);
+        }
+      }
+    }
+  }
+}
+
+TEST(FastKernels, MatmulAtModelShapesAndThreadCounts) {
+  IsaGuard g;
+  // Qwen2.5-0.5B / Llama-3.2-1B-like shapes, trimmed so the scalar reference stays quick.
+  const int64_t shapes[][3] = {{1, 896, 896}, {1, 128, 896}, {1, 200, 4864}, {1, 2048, 64},
+                               {19, 128, 896}, {40, 96, 2048}};
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    for (Isa isa : isas()) {
+      set_active_isa(isa);
+      for (WType wt : {WType::BF16, WType::F16, WType::F32}) {
+        for (auto& s : shapes) {
+          const int64_t M = s[0], N = s[1], K = s[2];
+          const auto x = randv(M * K, 21);
+          const auto w = to_type(randv(N * K, 22, 0.05f), wt);
+          std::vector<float> y(M * N), yp(M * N), yr(M * N);
+          matmul_ref(x.data(), w.data(), wt, nullptr, yr.data(), M, N, K);
+          matmul(x.data(), w.data(), wt, nullptr, y.data(), M, N, K);
+          const PackedWeight pw = pack_weight(w.data(), wt, N, K);
+          matmul_packed(x.data(), pw, nullptr, yp.data(), M);
+          const std::string what = std::string(isa_name(isa)) + " " + wtype_name(wt) +
+                                   " threads=" + std::to_string(threads) + " M=" +
+                                   std::to_string(M) + " N=" + std::to_string(N) +
+                                   " K=" + std::to_string(K);
+          expect_close(y, yr, K, what);
+          expect_close(yp, yr, K, what + " packed");
+        }
+      }
+    }
+  }
+}
+
+TEST(FastKernels, PackWeightRejectsEmpty) {
+  std::vector<float> w(4);
+  EXPECT_THROW(pack_weight(w.data(), WType::F32, 0, 4), Error);
+  EXPECT_THROW(pack_weight(w.data(), WType::F32, 4, 0), Error);
+}
