@@ -169,14 +169,15 @@ struct SeqBatch {
 
 // CacheBlend (Yao et al., EuroSys 2025) selective recompute for Model::forward_blend.
 struct BlendOptions {
-  int64_t check_layer = 1;   // layers 0..check_layer recompute every token
+  int64_t check_layer = 1;   // layers below it recompute every token; K/V of all at check_layer
   float ratio = 0.15f;       // fraction of the reused tokens recomputed after check_layer
   // [n] 1: the token's K/V in its slot came from a cache (a candidate to skip); 0: computed
   // in every layer (new tokens). The last token is always computed (it produces the logits).
   const uint8_t* reused = nullptr;
 };
 struct BlendStats {
-  int64_t n_full_layers = 0;      // layers in which every token was computed
+  int64_t n_full_layers = 0;      // layers in which every token was computed (plus K/V of all
+                                  // tokens at the check layer)
   int64_t n_selected = 0;         // reused tokens recomputed after the check layer
   int64_t n_rows_late = 0;        // tokens computed per later layer (selected + new)
 };
@@ -213,7 +214,7 @@ class Model {
   void forward_batch(const SeqBatch* seqs, int64_t n_seqs) const;
 
   // One sequence's tokens at positions kv.n_past .. kv.n_past + n - 1 with CacheBlend repair:
-  // layers 0..check_layer compute all n tokens (overwriting their K/V); at check_layer each
+  // layers below check_layer compute all n tokens (overwriting their K/V); at check_layer each
   // reused token's fresh K and V are compared with the cached ones in its slot, and in the
   // later layers only the most deviated `ratio` of reused tokens plus every non-reused token
   // is computed and writes its K/V; the other tokens keep their cached K/V there. Logits of
@@ -239,7 +240,8 @@ class Model {
   void embed(const int32_t* tokens, int64_t n, float* x) const;  // x: [n, hidden] f32
   // rows/work: decoder.cpp's internal Rows and Work (kept out of this header).
   void run_layer(int64_t l, const SeqBatch* seqs, const void* rows, void* work,
-                 const std::function<void(const float*, const float*)>* before_write) const;
+                 const std::function<void(const float*, const float*)>* before_write,
+                 bool kv_only = false) const;
 };
 
 // Writes a random-weight model directory of the given architecture (config.json,

@@ -144,6 +144,9 @@ struct EngineOptions {
   // (within segments); computed chunks go to the chunk store. ram_bytes = 0 turns the store off.
   // model_id is filled from the model when empty.
   int64_t chunk_size = 128;
+  // A cut may move up to this many tokens to a natural break (after a newline or a sentence's
+  // end), so that chunks hold whole lines/sentences. 0 = fixed-size chunks.
+  int64_t chunk_window = 16;
   kv::ChunkStoreOptions chunk_store;
 };
 
@@ -190,6 +193,11 @@ class Engine {
   // Bad input (empty prompt, too long, bad sampling values) throws Error.
   GenerateResult generate(std::string_view prompt, const GenerateOptions& opt);
   GenerateResult generate_ids(const std::vector<int32_t>& prompt_ids, const GenerateOptions& opt);
+  // RAG form: segments (system prompt, documents, question) tokenized one by one and joined,
+  // each chunked on its own (sets opt.segment_starts). Special tokens only before the first.
+  GenerateResult generate_segments(const std::vector<std::string>& segments, const GenerateOptions& opt);
+  std::vector<int32_t> encode_segments(const std::vector<std::string>& segments, bool add_special,
+                                       std::vector<int64_t>* segment_starts) const;
 
   // Continuous batching: validates (throws Error on bad input) and queues the request.
   std::shared_ptr<Request> submit(std::vector<int32_t> prompt_ids, GenerateOptions opt);
@@ -219,6 +227,8 @@ class Engine {
     int64_t n_reused = 0, n_recomputed = 0, n_prompt = 0;
   };
   Agreement verify_correctness(const std::vector<int32_t>& ids, const GenerateOptions& reuse_opt, int n_tokens = 8);
+  std::vector<Agreement> verify_correctness(const std::vector<std::vector<int32_t>>& prompts,
+                                            const GenerateOptions& reuse_opt, int n_tokens = 8);
 
  private:
   Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt);

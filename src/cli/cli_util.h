@@ -25,6 +25,7 @@ void add_logits(CLI::App& app);
 // `kvboost bench` with its roofline and model subcommands (cmd_bench.cpp). Returns the bench
 // command so that other bench subcommands can be added to it: add_bench(app)->add_subcommand(...).
 CLI::App* add_bench(CLI::App& app);
+void add_bench_reuse(CLI::App* bench);  // kvboost bench reuse (cmd_bench_reuse.cpp)
 void add_cache_commands(CLI::App& app);  // kvboost warm, kvboost cache (cmd_cache.cpp)
 
 // Chunk store options (--chunk-size, --chunk-store, --chunk-ram, --chunk-disk, --kv-quant).

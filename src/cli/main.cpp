@@ -13,8 +13,8 @@ int main(int argc, char** argv) {
   kvboost::cli::add_generate(app);
   kvboost::cli::add_tokenize(app);
   kvboost::cli::add_logits(app);
-  kvboost::cli::add_bench(app);
   kvboost::cli::add_cache_commands(app);
+  kvboost::cli::add_bench_reuse(kvboost::cli::add_bench(app));
   kvboost::cli::add_serve(app);
   try {
     app.parse(argc, argv);

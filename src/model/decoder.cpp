@@ -248,7 +248,7 @@ inline float* slot_ptr(float* pool, const int32_t* table, int64_t bs, int64_t p,
 // One decoder layer over `rows`. before_write(k, v), when set, sees the fresh post-RoPE K/V of
 // every row before they overwrite the slots (CacheBlend's deviation check).
 void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void* work_p,
-                      const std::function<void(const float*, const float*)>* before_write) const {
+                      const std::function<void(const float*, const float*)>* before_write, bool kv_only) const {
   const Rows& rows = *static_cast<const Rows*>(rows_p);
   Work& w = *static_cast<Work*>(work_p);
   const ModelConfig& c = cfg_;
@@ -259,14 +259,14 @@ void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void*
   auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
 
   kernels::rms_norm(w.x.data(), L.attn_norm.data(), w.h.data(), n, H, eps);
-  kernels::matmul(w.h.data(), L.wq.data, L.wq.type, bias(L.q_bias), w.q.data(), n, nq, H);
+  if (!kv_only) kernels::matmul(w.h.data(), L.wq.data, L.wq.type, bias(L.q_bias), w.q.data(), n, nq, H);
   kernels::matmul(w.h.data(), L.wk.data, L.wk.type, bias(L.k_bias), w.k.data(), n, nkv, H);
   kernels::matmul(w.h.data(), L.wv.data, L.wv.type, bias(L.v_bias), w.v.data(), n, nkv, H);
   if (c.qk_norm) {
-    kernels::rms_norm(w.q.data(), L.q_norm.data(), w.q.data(), n * c.n_heads, hd, eps);
+    if (!kv_only) kernels::rms_norm(w.q.data(), L.q_norm.data(), w.q.data(), n * c.n_heads, hd, eps);
     kernels::rms_norm(w.k.data(), L.k_norm.data(), w.k.data(), n * c.n_kv_heads, hd, eps);
   }
-  kernels::rope_rotate_half(w.q.data(), w.cos.data(), w.sin.data(), n, c.n_heads, hd);
+  if (!kv_only) kernels::rope_rotate_half(w.q.data(), w.cos.data(), w.sin.data(), n, c.n_heads, hd);
   kernels::rope_rotate_half(w.k.data(), w.cos.data(), w.sin.data(), n, c.n_kv_heads, hd);
   if (before_write) (*before_write)(w.k.data(), w.v.data());
 
@@ -281,6 +281,7 @@ void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void*
       std::memcpy(slot_ptr(kv.v_pools[l], table, bs, p, nkv), &w.v[size_t(row * nkv)], size_t(nkv) * sizeof(float));
     }
   }
+  if (kv_only) return;
   for (const Run& r : rows.runs) {
     const KvView& kv = seqs[r.seq].kv;
     const int64_t bs = kv.block_size, end = r.pos0 + r.n;
@@ -424,8 +425,10 @@ BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& 
       dev[size_t(t)] = float(d);
     }
   };
-  run_layer(check, &seq, &rows, &w, &measure);
-  st.n_full_layers = check + 1;
+  // Only K and V are needed from every token at the check layer (to measure and to store);
+  // queries, attention and the MLP run there for the selected rows only.
+  run_layer(check, &seq, &rows, &w, &measure, /*kv_only=*/true);
+  st.n_full_layers = check;
 
   // Rows that go on: every non-reused token, the last token, and the most deviated reused ones.
   std::vector<int64_t> cand;
@@ -456,7 +459,7 @@ BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& 
   st.n_rows_late = m;
   w = Work();
   rope_tables(inv_freq_, late, w2);
-  for (int64_t l = check + 1; l < c.n_layers; ++l) run_layer(l, &seq, &late, &w2, nullptr);
+  for (int64_t l = check; l < c.n_layers; ++l) run_layer(l, &seq, &late, &w2, nullptr);
   kernels::rms_norm(&w2.x[size_t((m - 1) * H)], final_norm_store_.data(), w2.h.data(), 1, H, float(c.rms_norm_eps));
   kernels::matmul(w2.h.data(), lm_head_.data, lm_head_.type, nullptr, logits, 1, c.vocab_size, H);
   return st;

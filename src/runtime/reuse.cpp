@@ -39,7 +39,13 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
   const ReusePolicy& pol = r.opt.reuse;
   const int64_t n = int64_t(r.context.size());
   const int64_t nkv = c.n_kv_heads * c.head_dim;
-  r.chunks = kv::cut_chunks(n, r.opt.segment_starts, opt_.chunk_size);
+  // A natural break before token p: the previous token's text ends a line or a sentence.
+  auto is_break = [&](int64_t p) {
+    const std::string t = tok_.decode({r.context[size_t(p - 1)]});
+    return !t.empty() && (t.back() == '\n' || t.back() == '.' || t.back() == '?' || t.back() == '!' ||
+                          (t.size() >= 2 && t[t.size() - 2] == '.' && t.back() == ' '));
+  };
+  r.chunks = kv::cut_chunks(n, r.opt.segment_starts, opt_.chunk_size, opt_.chunk_window, is_break);
   r.chunk_keys.clear();
   r.chunk_src.assign(r.chunks.size(), Src::kComputed);
   const uint64_t root = kv::chunk_root(model_id_, r.ns);
@@ -85,8 +91,10 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
     std::shared_ptr<const kv::Chunk> hit;
     if (exact && (hit = chunks_->find_prefix(r.chunk_keys[i], toks))) {
       copy_in(*hit, ch.begin, n_cached);
-      std::fill(state.begin() + std::max(ch.begin, n_cached), state.begin() + ch.end, 1);
-      frontier = ch.end;
+      // Quantized K/V are at the right position and context but not bit-exact: approximate.
+      const bool lossless = hit->quant == kv::KvQuant::kF32;
+      std::fill(state.begin() + std::max(ch.begin, n_cached), state.begin() + ch.end, lossless ? 1 : 2);
+      if (lossless && frontier == std::max(ch.begin, n_cached)) frontier = ch.end;
       r.chunk_src[i] = Src::kStorePrefix;
       continue;
     }

@@ -20,6 +20,36 @@ int64_t Engine::warm(const std::vector<int32_t>& ids, const std::vector<int64_t>
   return r.n_cached;
 }
 
+std::vector<int32_t> Engine::encode_segments(const std::vector<std::string>& segments, bool add_special,
+                                             std::vector<int64_t>* starts) const {
+  std::vector<int32_t> ids;
+  starts->clear();
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (i > 0 && !ids.empty()) starts->push_back(int64_t(ids.size()));
+    const std::vector<int32_t> x = tok_.encode(segments[i], add_special && i == 0);
+    ids.insert(ids.end(), x.begin(), x.end());
+  }
+  // an empty segment would repeat a start (or end at the prompt's end): drop those
+  std::vector<int64_t> ok;
+  for (int64_t s : *starts)
+    if ((ok.empty() || s > ok.back()) && s < int64_t(ids.size())) ok.push_back(s);
+  *starts = ok;
+  return ids;
+}
+
+GenerateResult Engine::generate_segments(const std::vector<std::string>& segments, const GenerateOptions& opt) {
+  GenerateOptions o = opt;
+  const std::vector<int32_t> ids = encode_segments(segments, opt.add_special, &o.segment_starts);
+  return generate_ids(ids, o);
+}
+
+std::vector<Engine::Agreement> Engine::verify_correctness(const std::vector<std::vector<int32_t>>& prompts,
+                                                          const GenerateOptions& reuse_opt, int n_tokens) {
+  std::vector<Agreement> out;
+  for (const auto& p : prompts) out.push_back(verify_correctness(p, reuse_opt, n_tokens));
+  return out;
+}
+
 double Engine::Agreement::mean_cosine() const {
   double s = 0;
   for (double v : cosine) s += v;

@@ -1,0 +1,226 @@
+// kvboost bench reuse: time-to-first-token and quality of chunk-level KV reuse in three
+// scenarios, each mode measured side by side with a full prefill of the same prompt in the same
+// run (issue 5's "must show"):
+//   coding   a long system prompt + different questions (prefix reuse)
+//   rag      system prompt + K documents drawn in random order from a pool + a question
+//            (chunk reuse at other positions with none / selective / cacheblend repair)
+//   chat     a multi-turn conversation whose history grows each turn
+// Text is generated English-like prose from a fixed word list (seeded), tokenized by the model's
+// own tokenizer. Quality compares the first generated token's logits with the full prefill's:
+// top-1 agreement, cosine, KL(full || reuse).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli_util.h"
+#include "kvboost/runtime.h"
+
+namespace kvboost::cli {
+namespace {
+
+const char* kWords[] = {"the", "a", "little", "house", "river", "garden", "said", "and", "went", "to", "with", "old",
+                        "friend", "because", "morning", "light", "small", "dog", "played", "near", "tree", "happy",
+                        "found", "under", "bright", "water", "quiet", "town", "every", "day", "they", "walked",
+                        "through", "green", "field", "saw", "bird", "sang", "song", "boat", "rain", "window",
+                        "function", "returns", "value", "list", "error", "server", "request", "cache", "memory",
+                        "table", "system", "user", "answer", "question", "data", "file", "model", "time"};
+
+std::string prose(std::mt19937& rng, int n_words) {
+  std::uniform_int_distribution<int> w(0, int(std::size(kWords)) - 1), len(6, 14);
+  std::string s;
+  int left = 0;
+  for (int i = 0; i < n_words; ++i) {
+    if (left == 0) left = len(rng);
+    std::string word = kWords[w(rng)];
+    if (s.empty() || s.back() == '.') word[0] = char(std::toupper(word[0]));
+    s += (s.empty() ? "" : " ") + word;
+    if (--left == 0) s += ".";
+  }
+  return s + ".";
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+struct Quality {
+  double cosine = 0, kl = 0, top1 = 0;
+};
+Quality compare(const std::vector<float>& p, const std::vector<float>& q) {
+  double dot = 0, np = 0, nq = 0, mp = -INFINITY, mq = -INFINITY;
+  size_t ap = 0, aq = 0;
+  for (size_t j = 0; j < p.size(); ++j) {
+    dot += double(p[j]) * q[j], np += double(p[j]) * p[j], nq += double(q[j]) * q[j];
+    if (p[j] > mp) mp = p[j], ap = j;
+    if (q[j] > mq) mq = q[j], aq = j;
+  }
+  double zp = 0, zq = 0;
+  for (size_t j = 0; j < p.size(); ++j) zp += std::exp(p[j] - mp), zq += std::exp(q[j] - mq);
+  double kl = 0;
+  for (size_t j = 0; j < p.size(); ++j) {
+    const double lp = p[j] - mp - std::log(zp), lq = q[j] - mq - std::log(zq);
+    kl += std::exp(lp) * (lp - lq);
+  }
+  return Quality{dot / std::sqrt(np * nq), std::max(0.0, kl), ap == aq ? 1.0 : 0.0};
+}
+
+struct Mode {
+  std::string name;
+  bool cache;
+  ReuseMode mode;
+};
+const std::vector<Mode> kModes = {{"full prefill", false, ReuseMode::kPrefixOnly},
+                                  {"prefix", true, ReuseMode::kPrefixOnly},
+                                  {"chunk none", true, ReuseMode::kNone},
+                                  {"selective", true, ReuseMode::kSelective},
+                                  {"cacheblend", true, ReuseMode::kCacheBlend}};
+
+struct Row {
+  std::vector<double> ttft, ratio;
+  std::vector<Quality> q;
+};
+
+// One prompt in every mode: first-token logits and TTFT. Nothing is stored (store = false), so
+// every mode sees the same cache state.
+void run_modes(Engine& e, const std::vector<int32_t>& ids, const std::vector<int64_t>& segs, std::vector<Row>& rows,
+               size_t n_modes) {
+  std::vector<float> ref;
+  for (size_t m = 0; m < n_modes; ++m) {
+    GenerateOptions o;
+    o.max_new_tokens = 1;
+    o.ignore_eos = true;
+    o.sampling.temperature = 0.0f;
+    o.segment_starts = segs;
+    o.prefix_cache = kModes[m].cache;
+    o.reuse.mode = kModes[m].mode;
+    o.reuse.store = false;
+    std::vector<float> got;
+    o.on_logits = [&](const float* l, int64_t v) { got.assign(l, l + v); };
+    const GenerateResult r = e.generate_ids(ids, o);
+    rows[m].ttft.push_back(r.ttft_ms);
+    rows[m].ratio.push_back(r.reuse_ratio());
+    if (m == 0) ref = got;
+    rows[m].q.push_back(compare(ref, got));
+  }
+}
+
+void print_rows(const char* scenario, const std::vector<Row>& rows, size_t n_modes) {
+  const double base = median(rows[0].ttft);
+  for (size_t m = 0; m < n_modes; ++m) {
+    Quality q;
+    for (const auto& x : rows[m].q) q.cosine += x.cosine, q.kl += x.kl, q.top1 += x.top1;
+    const double n = double(rows[m].q.size());
+    std::printf("| %s | %s | %.0f | %.2fx | %.1f%% | %.1f%% | %.5f | %.5f |\n", scenario, kModes[m].name.c_str(),
+                median(rows[m].ttft), base / std::max(1e-9, median(rows[m].ttft)), 100.0 * median(rows[m].ratio),
+                100.0 * q.top1 / n, q.cosine / n, q.kl / n);
+  }
+  std::fflush(stdout);
+}
+
+struct Args {
+  std::string model;
+  std::string scenarios = "coding,rag,chat";
+  int runs = 3, docs = 6, pool = 20, doc_words = 230, sys_words = 1150, chunk = 128;
+  std::string quant = "f32";
+  uint64_t seed = 1;
+};
+
+void run_bench(const Args& a) {
+  EngineOptions eo;
+  eo.chunk_size = a.chunk;
+  eo.chunk_store.quant = kv::parse_kv_quant(a.quant);
+  eo.load.progress = nullptr;
+  auto e = Engine::load(resolve_model_dir(a.model, false), eo);
+  const Tokenizer& tok = e->tokenizer();
+  std::mt19937 rng(uint32_t(a.seed));
+  std::printf("model %s, chunk %d tokens, stored K/V %s, medians of %d runs\n\n", e->model().dir().c_str(), a.chunk,
+              a.quant.c_str(), a.runs);
+  std::printf("| scenario | mode | TTFT ms | vs full | reuse ratio | top-1 agree | logit cosine | KL |\n|---|---|---|---|---|---|---|---|\n");
+  auto has = [&](const char* s) { return a.scenarios.find(s) != std::string::npos; };
+  const std::string sys = "You are a helpful assistant. " + prose(rng, a.sys_words);
+
+  if (has("coding")) {  // 1: long system prompt + different questions
+    std::vector<Row> rows(2);
+    std::vector<int32_t> warm = tok.encode(sys + "\nQuestion: " + prose(rng, 20), true);
+    e->warm(warm);
+    for (int i = 0; i < a.runs; ++i) run_modes(*e, tok.encode(sys + "\nQuestion: " + prose(rng, 25), true), {}, rows, 2);
+    print_rows("coding", rows, 2);
+  }
+  if (has("rag")) {  // 2: documents in random order from a pool
+    std::vector<std::vector<int32_t>> pool;
+    const std::vector<int32_t> sys_ids = tok.encode(sys.substr(0, sys.size() / 8), true);
+    for (int d = 0; d < a.pool; ++d) pool.push_back(tok.encode("\nDocument: " + prose(rng, a.doc_words), false));
+    for (int d = 0; d < a.pool; ++d) {  // each document computed once, after the system prompt
+      std::vector<int32_t> ids = sys_ids;
+      ids.insert(ids.end(), pool[size_t(d)].begin(), pool[size_t(d)].end());
+      e->warm(ids, {int64_t(sys_ids.size())});
+    }
+    std::vector<Row> rows(kModes.size());
+    for (int i = 0; i < a.runs; ++i) {
+      std::vector<int> order(size_t(a.pool));
+      for (int d = 0; d < a.pool; ++d) order[size_t(d)] = d;
+      std::shuffle(order.begin(), order.end(), rng);
+      std::vector<int32_t> ids = sys_ids;
+      std::vector<int64_t> segs;
+      for (int k = 0; k < a.docs; ++k) {
+        segs.push_back(int64_t(ids.size()));
+        ids.insert(ids.end(), pool[size_t(order[size_t(k)])].begin(), pool[size_t(order[size_t(k)])].end());
+      }
+      segs.push_back(int64_t(ids.size()));
+      const auto q = tok.encode("\nQuestion: " + prose(rng, 15) + "\nAnswer:", false);
+      ids.insert(ids.end(), q.begin(), q.end());
+      if (i == 0) std::fprintf(stderr, "rag prompt: %zu tokens\n", ids.size());
+      run_modes(*e, ids, segs, rows, kModes.size());
+    }
+    print_rows("rag", rows, kModes.size());
+  }
+  if (has("chat")) {  // 3: history grows each turn; each turn's answer is generated
+    std::string hist = sys.substr(0, sys.size() / 4);
+    std::printf("\n| turn | prompt tokens | TTFT full ms | TTFT reuse ms | ratio | reuse ratio |\n|---|---|---|---|---|---|\n");
+    for (int t = 1; t <= 8; ++t) {
+      hist += "\nUser: " + prose(rng, std::max(8, a.doc_words / 5)) + "\nAssistant:";
+      const auto ids = tok.encode(hist, true);
+      if (int64_t(ids.size()) + 33 >= e->context_length()) break;  // the model's context is full
+      GenerateOptions o;
+      o.max_new_tokens = 32;
+      o.ignore_eos = true;
+      o.sampling.temperature = 0.0f;
+      o.prefix_cache = false;
+      o.max_new_tokens = 1;
+      const GenerateResult full = e->generate_ids(ids, o);
+      o.prefix_cache = true;
+      o.max_new_tokens = 32;
+      const GenerateResult r = e->generate_ids(ids, o);
+      std::printf("| %d | %zu | %.0f | %.0f | %.1fx | %.1f%% |\n", t, ids.size(), full.ttft_ms, r.ttft_ms,
+                  full.ttft_ms / std::max(1e-9, r.ttft_ms), 100.0 * r.reuse_ratio());
+      std::fflush(stdout);
+      hist += r.text;
+    }
+  }
+  if (auto* s = e->chunk_store()) std::printf("\n%s\n", s->stats().to_string().c_str());
+}
+
+}  // namespace
+
+void add_bench_reuse(CLI::App* bench) {
+  auto a = std::make_shared<Args>();
+  CLI::App* c = bench->add_subcommand("reuse", "TTFT and quality of chunk-level KV reuse: coding, RAG and chat scenarios");
+  c->add_option("--model", a->model, "Model directory (default: the offline demo model)");
+  c->add_option("--scenarios", a->scenarios, "Comma-separated subset of coding,rag,chat")->capture_default_str();
+  c->add_option("--runs", a->runs, "Prompts per scenario (medians)")->capture_default_str();
+  c->add_option("--docs", a->docs, "RAG: documents per request")->capture_default_str();
+  c->add_option("--pool", a->pool, "RAG: documents in the pool")->capture_default_str();
+  c->add_option("--doc-words", a->doc_words, "RAG: words per document")->capture_default_str();
+  c->add_option("--sys-words", a->sys_words, "Words in the coding system prompt")->capture_default_str();
+  c->add_option("--chunk", a->chunk, "Chunk size in tokens")->capture_default_str();
+  c->add_option("--seed", a->seed, "Text generator seed")->capture_default_str();
+  c->add_option("--kv-quant", a->quant, "Stored chunk K/V: f32 | int8 | int4")->capture_default_str();
+  c->callback([a]() { run_bench(*a); });
+}
+
+}  // namespace kvboost::cli
