@@ -71,6 +71,16 @@ struct ModelConfig {
 // a directory holds several .gguf files).
 std::string gguf_model_file(const std::string& path);
 
+// The tokenizer stored in a GGUF file's tokenizer.ggml.* metadata ("gpt2" byte-level BPE with
+// tokenizer.ggml.pre qwen2 | llama-bpe | gpt-2 | default, or "llama" SentencePiece BPE whose
+// merges are derived from the scores), as the tokenizer.json and tokenizer_config.json texts
+// Tokenizer::from_json reads (the config carries BOS/EOS, add_bos/eos_token and, when the file
+// has one, tokenizer.chat_template). Error naming the file and key on missing or bad metadata.
+struct GgufTokenizerFiles {
+  std::string tokenizer_json, tokenizer_config_json;
+};
+GgufTokenizerFiles gguf_tokenizer_files(const std::string& gguf_path);
+
 // The model_type values this build runs.
 const std::vector<std::string>& supported_model_types();
 

@@ -63,13 +63,18 @@ Engine::Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt)
 Engine::~Engine() = default;
 
 std::unique_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions& opt) {
-  // A .gguf file path: its tokenizer files are read from the directory that holds it.
+  // A GGUF model: tokenizer files beside the .gguf win; without them, the tokenizer stored in it.
+  const std::string gguf = gguf_model_file(dir);
   std::string tok_dir = dir;
-  if (dir.size() > 5 && dir.compare(dir.size() - 5, 5, ".gguf") == 0 && file_exists(dir)) {
-    const size_t slash = dir.find_last_of('/');
-    tok_dir = slash == std::string::npos ? "." : dir.substr(0, slash);
+  if (!gguf.empty()) {
+    const size_t slash = gguf.find_last_of('/');
+    tok_dir = slash == std::string::npos ? "." : gguf.substr(0, slash);
   }
-  Tokenizer tok = Tokenizer::from_dir(tok_dir);
+  Tokenizer tok = [&] {
+    if (gguf.empty() || file_exists(path_join(tok_dir, "tokenizer.json"))) return Tokenizer::from_dir(tok_dir);
+    const GgufTokenizerFiles t = gguf_tokenizer_files(gguf);
+    return Tokenizer::from_json(t.tokenizer_json, t.tokenizer_config_json, gguf + " (tokenizer.ggml.*)");
+  }();
   auto model = Model::load(dir, opt.load);
   if (tok.vocab_size() > model->config().vocab_size)
     fail(dir, ": tokenizer.json has ", tok.vocab_size(), " tokens but config.json vocab_size is ",

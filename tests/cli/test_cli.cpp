@@ -136,6 +136,37 @@ TEST(Cli, FixtureToolWritesEveryArchitecture) {
   }
 }
 
+TEST(Cli, GgufFileRunsWithTheTokenizerInsideIt) {
+  // GGUFs holding their tokenizer (tokenizer.ggml.*) and nothing beside them generate the same
+  // text as the safetensors + tokenizer.json directories they were made from: stories260K (a real
+  // SentencePiece model, "llama" tokenizer) and a generated Qwen2 model ("gpt2", pre "qwen2").
+  KVBOOST_REQUIRE_PATH(stories());
+  const std::string dir = kvboost::test::make_temp_dir("cli_gguf_tok");
+  ASSERT_EQ(std::system((std::string(KVBOOST_FIXTURE_TOOL) + " --arch qwen2 --dtype f32 --out " + dir + "/qsrc > /dev/null").c_str()), 0);
+  struct Case { std::string src, gguf, args; };
+  const std::vector<Case> cases = {
+      {stories(), dir + "/s/stories.gguf", " -p 'Once upon a time' -n 24 -q"},
+      {dir + "/qsrc", dir + "/q/model.gguf", " -p 'hello world' -n 12 --ignore-eos -q"}};
+  for (const Case& c : cases) {
+    std::filesystem::create_directories(std::filesystem::path(c.gguf).parent_path());
+    const std::string conv = std::string(KVBOOST_PYTHON_BIN) + " " + KVBOOST_SOURCE_DIR +
+                             "/tools/oracle/gguf_fixture.py model --tokenizer --src " + c.src + " --out " + c.gguf +
+                             " --type f32 > /dev/null 2>&1";
+    const int st = std::system(conv.c_str());
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      if (kvboost::test::oracles_required()) FAIL() << "gguf_fixture.py failed: " << conv;
+      GTEST_SKIP() << "python with the gguf package is not available";
+    }
+    EXPECT_EQ(kvboost::test::list_dir(std::filesystem::path(c.gguf).parent_path()).size(), 1u);
+    Proc a = run("generate --model " + c.src + c.args);
+    Proc b = run("generate --model " + c.gguf + c.args);
+    ASSERT_EQ(a.rc, 0) << a.err;
+    ASSERT_EQ(b.rc, 0) << b.err;
+    EXPECT_EQ(a.out, b.out) << c.gguf;
+    EXPECT_FALSE(a.out.empty());
+  }
+}
+
 TEST(Cli, GgufFileRunsWithTokenizerBesideIt) {
   // a GGUF holding the same f32 weights as a safetensors fixture generates the same text
   const std::string dir = kvboost::test::make_temp_dir("cli_gguf");

@@ -8,6 +8,14 @@
           or q4_k_m (Q4_K with Q6_K for attn_v, ffn_down and output, like llama.cpp's Q4_K_M).
           --ref-out writes a copy of the model directory whose weights are the gguf package's
           dequantization of what was stored: the exact reference for the GGUF model's logits.
+  tokenizer --src DIR --out FILE.gguf [--pre NAME] [--n-vocab N]
+          A GGUF holding only the tokenizer of DIR (tokenizer.json, tokenizer_config.json) as
+          tokenizer.ggml.* metadata, the way convert_hf_to_gguf.py writes it (see add_tokenizer).
+          `model --tokenizer` embeds the same into a model file.
+  tokenizers --fixture BIN --shared DIR --out DIR
+          Tokenizer GGUFs of the shared Qwen2.5 / Llama 3 / stories260K tokenizers and of the two
+          generated fixture tokenizers, plus DIR/manifest.json {name: {src, gguf}} for
+          tests/model/test_gguf_tokenizer.cpp.
   dequant --out FILE.gguf
           Random tensors of every supported type, each followed by "<name>.ref": the gguf
           package's dequantization of it in F32 (the oracle for the C++ dequant kernels).
@@ -175,7 +183,87 @@ def type_for(gname, shape, qtype_name):
     return qt
 
 
-def convert_model(src, out, qtype_name, ref_out=None):
+# Split regexes of the pre-tokenizers llama.cpp names (its converter recognizes them by hashing
+# sample tokenizations; here the regex in tokenizer.json says it directly).
+PRE_REGEX = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
+}
+
+
+def detect_pre(tj):
+    pre = tj.get("pre_tokenizer") or {}
+    for p in pre.get("pretokenizers", [pre]):
+        if p.get("type") == "Split" and p.get("pattern", {}).get("Regex") in PRE_REGEX:
+            return PRE_REGEX[p["pattern"]["Regex"]]
+        if p.get("type") == "ByteLevel" and p.get("use_regex", True):
+            return "gpt-2"
+    raise SystemExit("unrecognized pre-tokenizer: pass --pre")
+
+
+def looks_special(t):
+    """convert_hf_to_gguf.py TextModel.does_token_look_special."""
+    return (t in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (t.startswith("<|") and t.endswith("|>"))
+            or (t.startswith("<\uff5c") and t.endswith("\uff5c>")) or (t.startswith("<unused") and t.endswith(">")))
+
+
+def add_tokenizer(w, d, n_vocab=None, pre=None):
+    """tokenizer.ggml.* from a Hugging Face tokenizer directory, as convert_hf_to_gguf.py writes them.
+
+    Byte-level BPE (no byte_fallback) -> "gpt2": get_vocab_base (ids missing up to n_vocab become
+    "[PAD<i>]" UNUSED; added tokens CONTROL when special or special-looking, else USER_DEFINED),
+    the merges, tokenizer.ggml.pre. SentencePiece-style BPE (byte_fallback) -> "llama":
+    _create_vocab_sentencepiece with the scores tokenizer.model would hold (-id for normal pieces,
+    0 for the rest; its merges are then derivable from the scores), UNKNOWN/CONTROL/BYTE types.
+    BOS/EOS/add_*_token/chat_template from gguf.SpecialVocab, as the converter does."""
+    tj = json.load(open(os.path.join(d, "tokenizer.json"), encoding="utf-8"))
+    m = tj["model"]
+    vocab = dict(m["vocab"])
+    added = {a["id"]: a for a in tj.get("added_tokens", [])}
+    for a in added.values():
+        vocab[a["content"]] = a["id"]
+    rev = {i: t for t, i in vocab.items()}
+    size = max(n_vocab or 0, max(rev) + 1)
+    TT = gguf.TokenType
+    spm = bool(m.get("byte_fallback"))
+    tokens, types, scores = [], [], []
+    for i in range(size):
+        t = rev.get(i)
+        score = 0.0
+        if t is None:
+            t, ty = f"[PAD{i}]", TT.UNUSED
+        elif spm:
+            if t == m.get("unk_token"):
+                ty = TT.UNKNOWN
+            elif i in added and added[i]["special"]:
+                ty = TT.CONTROL
+            elif i in added:
+                ty = TT.USER_DEFINED
+            elif len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+                ty = TT.BYTE
+            else:
+                ty, score = TT.NORMAL, -float(i)
+        elif i in added:
+            ty = TT.CONTROL if added[i]["special"] or looks_special(t) else TT.USER_DEFINED
+        else:
+            ty = TT.NORMAL
+        tokens.append(t)
+        types.append(ty)
+        scores.append(score)
+    w.add_tokenizer_model("llama" if spm else "gpt2")
+    w.add_tokenizer_pre("default" if spm else (pre or detect_pre(tj)))
+    w.add_token_list(tokens)
+    if spm:
+        w.add_token_scores(scores)
+    w.add_token_types(types)
+    if spm:
+        norm = json.dumps(tj.get("normalizer")) + json.dumps(tj.get("pre_tokenizer"))
+        w.add_add_space_prefix('"Prepend"' in norm or '"prepend_scheme": "always"' in norm
+                               or '"prepend_scheme": "first"' in norm)
+    gguf.SpecialVocab(d, load_merges=not spm, n_vocab=len(tokens)).add_to_gguf(w, quiet=True)
+
+
+def convert_model(src, out, qtype_name, ref_out=None, tokenizer=False):
     cfg = json.load(open(os.path.join(src, "config.json")))
     tensors = load_file(os.path.join(src, "model.safetensors"))
     arch = cfg["model_type"]
@@ -200,13 +288,16 @@ def convert_model(src, out, qtype_name, ref_out=None):
     w.add_vocab_size(cfg["vocab_size"])
     w.add_file_type(0 if qtype_name == "f32" else 1)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    if cfg.get("bos_token_id") is not None:
-        w.add_bos_token_id(cfg["bos_token_id"])
-    eos = cfg.get("eos_token_id")
-    if isinstance(eos, list):
-        eos = eos[0] if eos else None
-    if eos is not None:
-        w.add_eos_token_id(eos)
+    if tokenizer:  # SpecialVocab also reads BOS/EOS from config.json
+        add_tokenizer(w, src, cfg["vocab_size"])
+    else:
+        if cfg.get("bos_token_id") is not None:
+            w.add_bos_token_id(cfg["bos_token_id"])
+        eos = cfg.get("eos_token_id")
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        if eos is not None:
+            w.add_eos_token_id(eos)
     ref = {}
     for hf, x in sorted(tensors.items()):
         g = gguf_name(hf)
@@ -295,6 +386,37 @@ def suite(fixture_bin, out):
     print(f"wrote {len(cases)} GGUF models and dequant.gguf to {out}")
 
 
+def write_tokenizer(src, out, n_vocab=None, pre=None):
+    w = gguf.GGUFWriter(out, "llama")
+    add_tokenizer(w, src, n_vocab, pre)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def tokenizer_suite(fixture_bin, shared, out):
+    os.makedirs(out, exist_ok=True)
+    srcs = {"qwen25": os.path.join(shared, "tokenizers/qwen2.5"), "llama3": os.path.join(shared, "tokenizers/llama3"),
+            "stories260K": os.path.join(shared, "models/stories260K")}
+    for kind in ("bytelevel", "sentencepiece"):
+        d = os.path.join(out, "fixture_" + kind + "_model")
+        shutil.rmtree(d, ignore_errors=True)
+        subprocess.run([fixture_bin, "--out", d, "--dtype", "f32", "--tokenizer-kind", kind, "--layers", "1"],
+                       check=True, stdout=subprocess.DEVNULL)
+        srcs["fixture_" + kind] = d
+    manifest = {}
+    for name, src in srcs.items():
+        if not os.path.exists(os.path.join(src, "tokenizer.json")):
+            print(f"skip {name}: {src} has no tokenizer.json", file=sys.stderr)
+            continue
+        g = os.path.join(out, name + ".gguf")
+        write_tokenizer(src, g)
+        manifest[name] = {"src": src, "gguf": g}
+    json.dump(manifest, open(os.path.join(out, "manifest.json"), "w"), indent=1)
+    print(f"wrote {len(manifest)} tokenizer GGUFs to {out}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -303,6 +425,16 @@ def main():
     m.add_argument("--out", required=True)
     m.add_argument("--type", default="f32", choices=sorted(TYPES) + ["q4_k_m"])
     m.add_argument("--ref-out")
+    m.add_argument("--tokenizer", action="store_true", help="embed --src's tokenizer as tokenizer.ggml.*")
+    t = sub.add_parser("tokenizer")
+    t.add_argument("--src", required=True)
+    t.add_argument("--out", required=True)
+    t.add_argument("--pre")
+    t.add_argument("--n-vocab", type=int)
+    ts = sub.add_parser("tokenizers")
+    ts.add_argument("--fixture", required=True)
+    ts.add_argument("--shared", required=True)
+    ts.add_argument("--out", required=True)
     d = sub.add_parser("dequant")
     d.add_argument("--out", required=True)
     s = sub.add_parser("suite")
@@ -310,7 +442,11 @@ def main():
     s.add_argument("--out", required=True)
     a = ap.parse_args()
     if a.cmd == "model":
-        convert_model(a.src, a.out, a.type, a.ref_out)
+        convert_model(a.src, a.out, a.type, a.ref_out, a.tokenizer)
+    elif a.cmd == "tokenizer":
+        write_tokenizer(a.src, a.out, a.n_vocab, a.pre)
+    elif a.cmd == "tokenizers":
+        tokenizer_suite(a.fixture, a.shared, a.out)
     elif a.cmd == "dequant":
         write_dequant(a.out)
     else:
