@@ -1,3 +1,4 @@
+#include <unistd.h>
 #include "test_util.h"
 
 #include <sys/stat.h>
@@ -25,7 +26,8 @@ bool path_exists(const std::string& path) {
 
 std::string make_temp_dir(const std::string& name) {
   namespace fs = std::filesystem;
-  fs::path p = fs::path(KVBOOST_BINARY_DIR) / "test_tmp" / name;
+  // ctest runs every test case as its own process, in parallel: the pid keeps their files apart.
+  fs::path p = fs::path(KVBOOST_BINARY_DIR) / "test_tmp" / (name + "." + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
