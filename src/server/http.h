@@ -61,7 +61,9 @@ class HttpConn {
   bool begin_stream(int status, std::string_view content_type, const Headers& extra = {});
   bool send_chunk(std::string_view data);
   bool end_stream();
-  // True when the peer has closed its side or reset the connection (non-blocking check).
+  // True when the peer has closed its side or reset the connection (non-blocking check). As in
+  // uvicorn, a client that half-closes (shuts down its writing side) counts as gone: no request
+  // follows ours on the connection, so EOF can only mean the client is leaving.
   bool peer_closed();
   // Closes the connection; when the request body was not read, discards what the client still
   // sends for a moment first, so that it sees our response rather than a reset.

@@ -95,7 +95,11 @@ json expect_error(const HttpResponse& r, int status, const std::string& what) {
 // A prompt of about n tokens for the byte-level fixture.
 std::string long_prompt(int words) {
   std::string s;
-  for (int i = 0; i < words; ++i) s += (i ? " " : "") + std::string(i % 3 ? "cache" : "block") + std::to_string(i % 7);
+  for (int i = 0; i < words; ++i) {
+    if (i) s += ' ';
+    s += i % 3 ? "cache" : "block";
+    s += std::to_string(i % 7);
+  }
   return s;
 }
 
@@ -371,7 +375,9 @@ TEST(Server, BadInputCatalog) {
   };
   for (const Case& c : cases) {
     json e = expect_error(s.post(c.path, c.body), c.status, c.what);
-    if (*c.param && e.is_object()) EXPECT_EQ(e["param"], c.param) << c.what << ": " << e.dump();
+    if (*c.param && e.is_object()) {
+      EXPECT_EQ(e["param"], c.param) << c.what << ": " << e.dump();
+    }
   }
   // Oversized body: 413, answered before the body is read.
   const std::string big = json{{"model", "tiny"}, {"prompt", std::string(100 << 10, 'a')}}.dump();
@@ -445,7 +451,10 @@ TEST(Server, ClientDisconnectCancelsAndFreesKv) {
   {
     const int fd = server::http_connect("127.0.0.1", s.port);
     const std::string body = req.dump();
-    const std::string msg = "POST /v1/completions HTTP/1.1\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    std::string msg = "POST /v1/completions HTTP/1.1\r\nContent-Length: ";
+    msg += std::to_string(body.size());
+    msg += "\r\n\r\n";
+    msg += body;
     ASSERT_EQ(::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL), ssize_t(msg.size()));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     ::close(fd);
@@ -518,13 +527,14 @@ TEST(Server, WarmThenHitAndSegments) {
   EXPECT_GE(cached, n / 16 * 16 - (n % 16 == 0 ? 1 : 0));
   EXPECT_LE(cached, n);
   // segments: documents tokenized one by one before the prompt.
-  json seg{{"model", "tiny"}, {"segments", {"Document one: " + long_prompt(20), "Document two: " + long_prompt(25)}},
+  const std::string doc1 = std::string("Document one: ").append(long_prompt(20));
+  const std::string doc2 = std::string("Document two: ").append(long_prompt(25));
+  json seg{{"model", "tiny"}, {"segments", {doc1, doc2}},
            {"prompt", " Question?"}, {"max_tokens", 2}, {"reuse", "prefix"}};
   HttpResponse sr = s.post("/v1/completions", seg);
   ASSERT_EQ(sr.status, 200) << sr.body;
   const Tokenizer& tok = tiny_engine().tokenizer();
-  const size_t expect = tok.encode("Document one: " + long_prompt(20)).size() +
-                        tok.encode("Document two: " + long_prompt(25), false).size() + tok.encode(" Question?", false).size();
+  const size_t expect = tok.encode(doc1).size() + tok.encode(doc2, false).size() + tok.encode(" Question?", false).size();
   EXPECT_EQ(body_of(sr)["usage"]["prompt_tokens"], int64_t(expect));
   // Warm a chat conversation too.
   json wc{{"model", "tiny"}, {"messages", json::array({{{"role", "user"}, {"content", long_prompt(30)}}})}};
