@@ -152,6 +152,14 @@ struct EngineOptions {
 
 class Engine;
 
+// Agreement of one row of logits with a reference row: cosine, KL(softmax(ref) || softmax(got))
+// and whether the argmax agrees (quality of reuse vs a full prefill).
+struct LogitAgreement {
+  double cosine = 0, kl = 0;
+  bool top1 = false;
+};
+LogitAgreement compare_logits(const float* ref, const float* got, int64_t vocab);
+
 // A request in flight (continuous batching). Engine::submit creates it; Engine::step advances it.
 // done(), result() and cancel() may be called from any thread.
 class Request {

@@ -52,21 +52,8 @@ struct Quality {
   double cosine = 0, kl = 0, top1 = 0;
 };
 Quality compare(const std::vector<float>& p, const std::vector<float>& q) {
-  double dot = 0, np = 0, nq = 0, mp = -INFINITY, mq = -INFINITY;
-  size_t ap = 0, aq = 0;
-  for (size_t j = 0; j < p.size(); ++j) {
-    dot += double(p[j]) * q[j], np += double(p[j]) * p[j], nq += double(q[j]) * q[j];
-    if (p[j] > mp) mp = p[j], ap = j;
-    if (q[j] > mq) mq = q[j], aq = j;
-  }
-  double zp = 0, zq = 0;
-  for (size_t j = 0; j < p.size(); ++j) zp += std::exp(p[j] - mp), zq += std::exp(q[j] - mq);
-  double kl = 0;
-  for (size_t j = 0; j < p.size(); ++j) {
-    const double lp = p[j] - mp - std::log(zp), lq = q[j] - mq - std::log(zq);
-    kl += std::exp(lp) * (lp - lq);
-  }
-  return Quality{dot / std::sqrt(np * nq), std::max(0.0, kl), ap == aq ? 1.0 : 0.0};
+  const LogitAgreement g = compare_logits(p.data(), q.data(), int64_t(p.size()));
+  return Quality{g.cosine, g.kl, g.top1 ? 1.0 : 0.0};
 }
 
 struct Mode {

@@ -50,6 +50,25 @@ std::vector<Engine::Agreement> Engine::verify_correctness(const std::vector<std:
   return out;
 }
 
+LogitAgreement compare_logits(const float* p, const float* q, int64_t vocab) {
+  double dot = 0, np = 0, nq = 0, mp = -INFINITY, mq = -INFINITY;
+  int64_t ap = 0, aq = 0;
+  for (int64_t j = 0; j < vocab; ++j) {
+    dot += double(p[j]) * q[j], np += double(p[j]) * p[j], nq += double(q[j]) * q[j];
+    if (p[j] > mp) mp = p[j], ap = j;
+    if (q[j] > mq) mq = q[j], aq = j;
+  }
+  double zp = 0, zq = 0;
+  for (int64_t j = 0; j < vocab; ++j) zp += std::exp(double(p[j]) - mp), zq += std::exp(double(q[j]) - mq);
+  const double lzp = mp + std::log(zp), lzq = mq + std::log(zq);
+  double kl = 0;
+  for (int64_t j = 0; j < vocab; ++j) {
+    const double lp = double(p[j]) - lzp, lq = double(q[j]) - lzq;
+    kl += std::exp(lp) * (lp - lq);
+  }
+  return LogitAgreement{dot / std::sqrt(np * nq + 1e-300), std::max(0.0, kl), ap == aq};
+}
+
 double Engine::Agreement::mean_cosine() const {
   double s = 0;
   for (double v : cosine) s += v;
@@ -97,26 +116,10 @@ Engine::Agreement Engine::verify_correctness(const std::vector<int32_t>& ids, co
   a.n_recomputed = rr.n_recomputed;
   a.n_prompt = int64_t(ids.size());
   for (size_t i = 0; i < std::min(ref.size(), got.size()); ++i) {
-    const std::vector<float>& p = ref[i];
-    const std::vector<float>& q = got[i];
-    double dot = 0, np = 0, nq = 0, mp = -INFINITY, mq = -INFINITY;
-    int64_t ap = 0, aq = 0;
-    for (int64_t j = 0; j < vocab; ++j) {
-      dot += double(p[j]) * q[j], np += double(p[j]) * p[j], nq += double(q[j]) * q[j];
-      if (p[j] > mp) mp = p[j], ap = j;
-      if (q[j] > mq) mq = q[j], aq = j;
-    }
-    double zp = 0, zq = 0;
-    for (int64_t j = 0; j < vocab; ++j) zp += std::exp(double(p[j]) - mp), zq += std::exp(double(q[j]) - mq);
-    const double lzp = mp + std::log(zp), lzq = mq + std::log(zq);
-    double kl = 0;
-    for (int64_t j = 0; j < vocab; ++j) {
-      const double lp = double(p[j]) - lzp, lq = double(q[j]) - lzq;
-      kl += std::exp(lp) * (lp - lq);
-    }
-    a.cosine.push_back(dot / std::sqrt(np * nq + 1e-300));
-    a.kl.push_back(std::max(0.0, kl));
-    a.top1.push_back(ap == aq ? 1.0 : 0.0);
+    const LogitAgreement g = compare_logits(ref[i].data(), got[i].data(), vocab);
+    a.cosine.push_back(g.cosine);
+    a.kl.push_back(g.kl);
+    a.top1.push_back(g.top1 ? 1.0 : 0.0);
   }
   return a;
 }
