@@ -287,17 +287,35 @@ StepStats Engine::step() {
     std::erase_if(*list, [&](const auto& q) { return st(q).phase == Phase::kDone; });
   }
   // 2. Admission, first come first served. With a cold tier, one sequence at a time (paging in
-  // for one sequence may spill another's blocks mid-pass).
+  // for one sequence may spill another's blocks mid-pass). Requests sharing at least a block of
+  // prompt prefix with one still in its prefill are grouped behind it: they wait until its blocks
+  // are committed and then reuse them instead of computing the same prefix twice.
   const size_t max_running = cold_ ? 1 : size_t(opt_.max_batch);
-  while (!waiting_.empty() && running_.size() < max_running) {
-    Request::State& r = st(waiting_.front());
+  auto shares_prefill = [&](const Request::State& r) {
+    if (!r.opt.prefix_cache) return false;
+    for (const auto& q : running_) {
+      const Request::State& o = st(q);
+      if (o.phase != Phase::kPrefill || o.ns != r.ns || !o.opt.prefix_cache) continue;
+      const size_t n = std::min(o.context.size(), r.context.size());
+      size_t k = 0;
+      while (k < n && o.context[k] == r.context[k]) ++k;
+      if (int64_t(k) >= block_size_) return true;
+    }
+    return false;
+  };
+  for (size_t i = 0; i < waiting_.size() && running_.size() < max_running;) {
+    Request::State& r = st(waiting_[i]);
+    if (shares_prefill(r)) {
+      ++i;
+      continue;
+    }
     bool ok = false;
     try {
       ok = admit(r);
     } catch (const std::exception& e) {
       release(r);
       fail_request(r, e.what());
-      waiting_.erase(waiting_.begin());
+      waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
       continue;
     }
     if (!ok) {
@@ -305,13 +323,13 @@ StepStats Engine::step() {
         fail_request(r, "KV memory exhausted: the prompt needs " + std::to_string((r.context.size() + block_size_ - 1) / block_size_) +
                             " blocks of " + std::to_string(block_size_) + " tokens but the pool has " +
                             std::to_string(kv_->stats().n_blocks) + " (raise the KV budget)");
-        waiting_.erase(waiting_.begin());
+        waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
         continue;
       }
       break;
     }
-    running_.push_back(waiting_.front());
-    waiting_.erase(waiting_.begin());
+    running_.push_back(waiting_[i]);
+    waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
   }
   // 3. Slots for decode tokens, oldest first; exhaustion preempts the newest request.
   StepStats ss;

@@ -103,3 +103,28 @@ TEST(Batching, CancelFreesKvAndConcurrentGenerateCallsShareSteps) {
 }
 
 }  // namespace
+
+namespace {
+TEST(Batching, RequestsSharingAPrefixAreGroupedBehindItsPrefill) {
+  KVBOOST_REQUIRE_PATH(stories());
+  EngineOptions eo;
+  eo.prefill_chunk = 16;  // the first request's prefill takes several steps
+  auto e = Engine::load(stories(), eo);
+  const std::string shared = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park";
+  GenerateOptions o;
+  o.max_new_tokens = 8;
+  auto a = e->submit(e->tokenizer().encode(shared + " with her dog.", true), o);
+  auto b = e->submit(e->tokenizer().encode(shared + " with her cat.", true), o);
+  auto c = e->submit(e->tokenizer().encode("The cat sat on the mat.", true), o);  // unrelated: not held back
+  const StepStats s1 = e->step();
+  EXPECT_EQ(s1.n_running, 2);  // a and c; b waits for a's prefix
+  EXPECT_EQ(s1.n_waiting, 1);
+  while (e->has_work()) e->step();
+  const GenerateResult rb = b->result();
+  EXPECT_GE(rb.n_cached, 16);  // b reused a's committed blocks
+  GenerateOptions alone = o;
+  alone.prefix_cache = false;
+  EXPECT_EQ(rb.output_ids, e->generate(shared + " with her cat.", alone).output_ids);
+  EXPECT_TRUE(a->done() && c->done());
+}
+}  // namespace
