@@ -7,20 +7,16 @@
 
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
+#include "kernel_test_util.h"
 #include "test_util.h"
 
 using namespace kvboost;
 using namespace kvboost::kernels;
 
 namespace {
-
-std::vector<float> randv(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using kernel_test::IsaGuard;
+using kernel_test::isas;
+using kernel_test::randv;
 
 // Raw weight bytes of type wt for the f32 values v (rounded to wt).
 std::vector<uint8_t> to_type(const std::vector<float>& v, WType wt) {
@@ -35,24 +31,6 @@ std::vector<uint8_t> to_type(const std::vector<float>& v, WType wt) {
   }
   return out;
 }
-
-std::vector<Isa> isas() {
-  std::vector<Isa> out{Isa::Scalar};
-  set_active_isa(Isa::Avx512);
-  Isa hw = active_isa();
-  if (hw >= Isa::Avx2) out.push_back(Isa::Avx2);
-  if (hw >= Isa::Avx512) out.push_back(Isa::Avx512);
-  return out;
-}
-
-struct IsaGuard {
-  Isa saved = active_isa();
-  int threads = num_threads();
-  ~IsaGuard() {
-    set_active_isa(saved);
-    set_num_threads(threads);
-  }
-};
 
 // |a - b| within f32 accumulation error over K terms (weights ~0.1, x ~1).
 void expect_close(const std::vector<float>& y, const std::vector<float>& ref, int64_t K,

@@ -12,12 +12,16 @@
 
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
+#include "kernel_test_util.h"
 #include "test_util.h"
 
 using namespace kvboost;
 using namespace kvboost::kernels;
 
 namespace {
+using kernel_test::IsaGuard;
+using kernel_test::isas;
+using kernel_test::randv;
 
 std::vector<float> randn(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -26,24 +30,6 @@ std::vector<float> randn(size_t n, uint64_t seed) {
   for (auto& x : v) x = d(rng);
   return v;
 }
-
-std::vector<Isa> isas() {
-  std::vector<Isa> out{Isa::Scalar};
-  set_active_isa(Isa::Avx512);
-  const Isa hw = active_isa();
-  if (hw >= Isa::Avx2) out.push_back(Isa::Avx2);
-  if (hw >= Isa::Avx512) out.push_back(Isa::Avx512);
-  return out;
-}
-
-struct IsaGuard {
-  Isa saved = active_isa();
-  int threads = num_threads();
-  ~IsaGuard() {
-    set_active_isa(saved);
-    set_num_threads(threads);
-  }
-};
 
 struct Case {
   int64_t n_q, pos0, n_kv, heads, kv_heads, hd, block_size, window;

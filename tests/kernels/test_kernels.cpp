@@ -5,20 +5,16 @@
 
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
+#include "kernel_test_util.h"
 #include "test_util.h"
 
 using namespace kvboost;
 using namespace kvboost::kernels;
 
 namespace {
-
-std::vector<float> randv(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using kernel_test::IsaGuard;
+using kernel_test::isas;
+using kernel_test::randv;
 
 // Weights stored in type wt; returns raw bytes.
 std::vector<uint16_t> to_half(const std::vector<float>& v, WType wt) {
@@ -26,20 +22,6 @@ std::vector<uint16_t> to_half(const std::vector<float>& v, WType wt) {
   for (size_t i = 0; i < v.size(); ++i) h[i] = wt == WType::F16 ? f32_to_f16(v[i]) : f32_to_bf16(v[i]);
   return h;
 }
-
-std::vector<Isa> isas() {
-  std::vector<Isa> out{Isa::Scalar};
-  set_active_isa(Isa::Avx512);
-  Isa hw = active_isa();
-  if (hw >= Isa::Avx2) out.push_back(Isa::Avx2);
-  if (hw >= Isa::Avx512) out.push_back(Isa::Avx512);
-  return out;
-}
-
-struct IsaGuard {
-  Isa saved = active_isa();
-  ~IsaGuard() { set_active_isa(saved); }
-};
 
 }  // namespace
 
