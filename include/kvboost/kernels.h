@@ -9,14 +9,32 @@
 
 namespace kvboost::kernels {
 
-// Weight element types as stored in checkpoint files.
-enum class WType : uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
-const char* wtype_name(WType);
+// Weight element types as stored in checkpoint files. F32/F16/BF16 are plain elements; the
+// others are blocks that stay quantized in memory (matmul reads them directly):
+//   Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: the GGUF / ggml block layouts (GgmlType, below);
+//   Q4_Z: 20 bytes / 32 elements: f16 d, uint8 z (0..15), uint8 reserved (0), uint8 qs[16]
+//         (low nibbles = elements 0..15, high nibbles = elements 16..31, as Q4_0);
+//         x = d * (q - z). AWQ's int4 groups (zero point per group) converted at load.
+enum class WType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, Q4_0 = 4, Q4_K = 5, Q5_K = 6,
+                             Q6_K = 7, Q4_Z = 8 };
+const char* wtype_name(WType);  // "F32", "Q4_K", ... (the dtype strings of TensorInfo)
+// Element size in bytes of a plain type (4 or 2). Throws Error for a quantized type, whose
+// elements have no size of their own: use wtype_row_bytes.
 int wtype_size(WType);
+bool wtype_is_quantized(WType);
+int64_t wtype_block_elems(WType);  // elements per block (1 for F32/F16/BF16, 32 or 256)
+int64_t wtype_block_bytes(WType);  // bytes per block (the element size for F32/F16/BF16)
+// Bytes of a row of n elements; n must be a multiple of wtype_block_elems (Error otherwise).
+int64_t wtype_row_bytes(WType, int64_t n);
 
 // y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n] when bias != nullptr)
-// x: [M, K] f32 row-major; w: [N, K] of type wt row-major (the nn.Linear layout);
-// bias: [N] f32 or nullptr; y: [M, N] f32. Parallel over N (and M) with OpenMP.
+// x: [M, K] f32 row-major; w: [N, K] of type wt row-major (the nn.Linear layout): N rows of
+// wtype_row_bytes(wt, K) bytes each (for a quantized type K must be a multiple of its block);
+// bias: [N] f32 or nullptr; y: [M, N] f32. Parallel over N (and M) on the thread pool.
+// Quantized weights: each activation row is quantized once per call to 8-bit blocks of 32
+// (f32 scale d = max|x| / 127, q = round(x / d)), and the block dot products run on integers
+// (llama.cpp's scheme), so the result differs from matmul_ref by at most
+// sum over blocks of d/2 * sum |w| in that block (plus f32 rounding).
 void matmul(const float* x, const void* w, WType wt, const float* bias, float* y,
             int64_t M, int64_t N, int64_t K);
 void matmul_ref(const float* x, const void* w, WType wt, const float* bias, float* y,
@@ -49,7 +67,9 @@ class PackedWeight {
   WType wt_ = WType::F32;
   int64_t n_ = 0, k_ = 0;
 };
-// w: [N, K] of type wt (the nn.Linear layout, as matmul takes it). 64-byte aligned result.
+// w: [N, K] of type wt (the nn.Linear layout, as matmul takes it); plain types only (F32,
+// F16, BF16: quantized weights are used in their block layout, Error otherwise). 64-byte
+// aligned result.
 // Parallel over panels; costs about one pass over the weights.
 PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K);
 // y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]): matmul over a packed weight, any M (M = 1
@@ -138,7 +158,8 @@ void paged_attention_ref(const float* q, const float* k_pool, const float* v_poo
                          int64_t n_kv_tokens, int64_t block_size, int64_t n_heads,
                          int64_t n_kv_heads, int64_t head_dim, int64_t window, float scale);
 
-// Converts n elements of type wt to f32 (embedding rows, norms).
+// Converts n elements of type wt to f32 (embedding rows, norms). For a quantized type n must be
+// a multiple of its block (whole blocks: one row of an embedding table).
 void to_f32(const void* src, WType wt, float* dst, int64_t n);
 
 // ---- quantized blocks (GGUF / ggml layouts) ----

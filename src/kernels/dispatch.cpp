@@ -16,14 +16,36 @@ const char* wtype_name(WType t) {
     case WType::F32: return "F32";
     case WType::F16: return "F16";
     case WType::BF16: return "BF16";
+    case WType::Q8_0: return "Q8_0";
+    case WType::Q4_0: return "Q4_0";
+    case WType::Q4_K: return "Q4_K";
+    case WType::Q5_K: return "Q5_K";
+    case WType::Q6_K: return "Q6_K";
+    case WType::Q4_Z: return "Q4_Z";
   }
   return "?";
 }
 
-int wtype_size(WType t) { return t == WType::F32 ? 4 : 2; }
+int wtype_size(WType t) {
+  switch (t) {
+    case WType::F32: return 4;
+    case WType::F16: case WType::BF16: return 2;
+    default: break;
+  }
+  fail("wtype_size: ", wtype_name(t), " is a block type (", wtype_block_bytes(t), " bytes per ",
+       wtype_block_elems(t), " elements); use wtype_row_bytes");
+}
 
 void matmul(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
             int64_t N, int64_t K) {
+  if (wtype_is_quantized(wt)) {
+    cpu::check_quant_args(wt, K, "matmul");
+    if (M <= 0 || N <= 0) return;
+    // The scalar path is the same integer algorithm (not matmul_ref), so KVBOOST_ISA=scalar
+    // runs what a CPU without AVX2 runs.
+    if (active_isa() >= Isa::Avx2) return cpu::matmul_q_avx2(x, w, wt, bias, y, M, N, K);
+    return cpu::matmul_q_scalar(x, w, wt, bias, y, M, N, K);
+  }
   if (active_isa() >= Isa::Avx2) return cpu::matmul_avx2(x, w, wt, bias, y, M, N, K);
   matmul_ref(x, w, wt, bias, y, M, N, K);
 }

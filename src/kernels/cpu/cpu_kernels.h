@@ -49,3 +49,37 @@ inline void k_scale_min(const uint8_t* q, int j, uint8_t& d, uint8_t& m) {
 }
 
 }  // namespace kvboost::kernels::cpu
+
+namespace kvboost::kernels::cpu {
+
+// ---- matmul over quantized weights (matmul_q.cpp, matmul_q_avx2.cpp) ----
+// Activations are quantized per row to blocks of 32: row m, block b has int8 q[m*K + 32b ..
+// + 32], scale d[m*nb + b] (max|x| / 127) and s[m*nb + b] = d * sum(q) (the block sum that
+// zero points and K-quant mins multiply). nb = K / 32.
+constexpr int kActBlock = 32;
+struct QAct {
+  const int8_t* q = nullptr;
+  const float* d = nullptr;
+  const float* s = nullptr;
+  int64_t K = 0, nb = 0;
+};
+// Quantizes rows [m_begin, m_end) of x into the arrays of `a` (which must be sized for them).
+void quantize_act_scalar(const float* x, int64_t m_begin, int64_t m_end, int64_t K, int8_t* q, float* d,
+                         float* s);
+void quantize_act_avx2(const float* x, int64_t m_begin, int64_t m_end, int64_t K, int8_t* q, float* d,
+                       float* s);
+// Quantizes x [M, K] into this thread's scratch (grown, never shrunk: no allocation per call
+// once the largest M * K has been seen), in parallel over rows when M is large.
+QAct quantize_act(const float* x, int64_t M, int64_t K, bool avx2);
+// Throws Error unless wt is quantized and K a positive multiple of its block.
+void check_quant_args(WType wt, int64_t K, const char* who);
+// The integer-dot matmul: scalar (any CPU) and AVX2 versions of kernels::matmul for quantized wt.
+void matmul_q_scalar(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
+                     int64_t N, int64_t K);
+void matmul_q_avx2(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
+                   int64_t N, int64_t K);
+// n elements (whole blocks) of a quantized row to f32: dispatching (fast) and scalar reference.
+void dequantize_wrow(const void* src, WType wt, float* dst, int64_t n);
+void dequantize_wrow_ref(const void* src, WType wt, float* dst, int64_t n);
+
+}  // namespace kvboost::kernels::cpu

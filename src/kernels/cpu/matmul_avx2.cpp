@@ -221,6 +221,7 @@ void matmul_avx2(const float* x, const void* w, WType wt, const float* bias, flo
     case WType::F32: return run<WType::F32>(x, w, bias, y, M, N, K);
     case WType::F16: return run<WType::F16>(x, w, bias, y, M, N, K);
     case WType::BF16: return run<WType::BF16>(x, w, bias, y, M, N, K);
+    default: fail("matmul_avx2: ", wtype_name(wt), " weights go to matmul_q_avx2");
   }
 }
 

@@ -21,6 +21,8 @@ int packed_feature(WType wt, int pos) {
 
 PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K) {
   if (N <= 0 || K <= 0) fail("pack_weight: empty weight [", N, ", ", K, "]");
+  if (wtype_is_quantized(wt))
+    fail("pack_weight: ", wtype_name(wt), " weights are not packed (matmul reads the blocks as they are)");
   const int es = wtype_size(wt);
   const int64_t n_panels = (N + kPackedPanel - 1) / kPackedPanel;
   const size_t panel_bytes = size_t(K) * kPackedPanel * es;

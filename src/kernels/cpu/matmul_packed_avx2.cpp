@@ -251,6 +251,7 @@ void matmul_raw_tiles_avx2(const float* x, const void* w, WType wt, const float*
     case WType::F32: return run_raw<WType::F32>(x, w, bias, y, M, N, K);
     case WType::F16: return run_raw<WType::F16>(x, w, bias, y, M, N, K);
     case WType::BF16: return run_raw<WType::BF16>(x, w, bias, y, M, N, K);
+    default: fail("matmul (raw tiles): ", wtype_name(wt), " is not a plain type");
   }
 }
 
@@ -260,6 +261,7 @@ void matmul_packed_avx2(const float* x, const PackedWeight& w, const float* bias
     case WType::F32: return run<WType::F32>(x, w, bias, y, M);
     case WType::F16: return run<WType::F16>(x, w, bias, y, M);
     case WType::BF16: return run<WType::BF16>(x, w, bias, y, M);
+    default: fail("matmul_packed: ", wtype_name(w.wt()), " is not a plain type");
   }
 }
 

@@ -1,0 +1,322 @@
+// AVX2 matmul over quantized weights (kernels.h WType Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q4_Z).
+//
+// Activations are quantized once per call to int8 blocks of 32 (quantize_act). A weight block
+// is unpacked in registers to 32 small integers per 32-element sub-block, and each (token, row)
+// pair costs one integer dot product per sub-block: _mm256_maddubs_epi16 (u8 x s8 -> pairs of
+// s16) and _mm256_madd_epi16 (pairs -> s32, multiplied by Q6_K's per-16 scales on the way),
+// then one f32 FMA with weight scale x activation scale. Signed weights (Q8_0, Q4_0 / Q4_Z
+// after subtracting the zero point, Q6_K after subtracting 32) go through the sign trick
+// (|w| times x with w's sign); Q4_K / Q5_K are unsigned and their mins become one extra FMA per
+// 256 elements against the activation block sums (the lanes of the accumulator are summed at
+// the end, so the 8 sub-block min terms can sit in the 8 lanes).
+//
+// Tiles of MR tokens x NR rows: a weight sub-block is unpacked once for MR tokens, an activation
+// sub-block loaded once for NR rows. M = 1 (decode) streams each row range once with linear
+// prefetch of the next row group; M > 1 runs token tiles over L2-sized panels of rows, so a
+// weight byte comes from memory once per call however many tokens there are.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "cpu/cpu_kernels.h"
+#include "kvboost/common.h"
+
+namespace kvboost::kernels::cpu {
+
+namespace {
+
+inline float h2f(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// Low nibbles of 16 bytes -> lanes 0..15, high nibbles -> lanes 16..31 (Q4_0 / Q4_Z order).
+inline __m256i nibbles16(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+// Per-row state of one weight block: f32 scale per 32-element sub-block, the mins (Q4_K/Q5_K).
+struct RowState {
+  float fsc[8];
+  __m256 minv;
+  const uint8_t* b;
+};
+
+template <WType WT>
+struct Q;
+
+template <>
+struct Q<WType::Q8_0> {
+  static constexpr int kElems = 32, kBytes = 34, kSubs = 1;
+  static constexpr bool kSigned = true, kMin = false, kScale16 = false;
+  static void prep(const uint8_t* b, RowState& r) { r.b = b, r.fsc[0] = h2f(b); }
+  static __m256i unpack(const RowState& r, int) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b + 2));
+  }
+};
+
+template <>
+struct Q<WType::Q4_0> {
+  static constexpr int kElems = 32, kBytes = 18, kSubs = 1;
+  static constexpr bool kSigned = true, kMin = false, kScale16 = false;
+  static void prep(const uint8_t* b, RowState& r) { r.b = b, r.fsc[0] = h2f(b); }
+  static __m256i unpack(const RowState& r, int) {
+    return _mm256_sub_epi8(nibbles16(r.b + 2), _mm256_set1_epi8(8));
+  }
+};
+
+template <>
+struct Q<WType::Q4_Z> {
+  static constexpr int kElems = 32, kBytes = 20, kSubs = 1;
+  static constexpr bool kSigned = true, kMin = false, kScale16 = false;
+  static void prep(const uint8_t* b, RowState& r) { r.b = b, r.fsc[0] = h2f(b); }
+  static __m256i unpack(const RowState& r, int) {
+    return _mm256_sub_epi8(nibbles16(r.b + 4), _mm256_set1_epi8(char(r.b[2])));
+  }
+};
+
+template <bool kFive>
+struct QK45 {
+  static constexpr int kElems = 256, kBytes = kFive ? 176 : 144, kSubs = 8;
+  static constexpr bool kSigned = false, kMin = true, kScale16 = false;
+  static void prep(const uint8_t* b, RowState& r) {
+    r.b = b;
+    const float d = h2f(b), dmin = h2f(b + 2);
+    alignas(32) float mins[8];
+    for (int j = 0; j < 8; ++j) {
+      uint8_t s, m;
+      k_scale_min(b + 4, j, s, m);
+      r.fsc[j] = d * float(s);
+      mins[j] = dmin * float(m);
+    }
+    r.minv = _mm256_load_ps(mins);
+  }
+  static __m256i unpack(const RowState& r, int j) {
+    const uint8_t* qs = r.b + (kFive ? 48 : 16) + 32 * (j / 2);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    __m256i q = (j % 2) ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m) : _mm256_and_si256(v, m);
+    if constexpr (kFive) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b + 16));
+      const __m256i bit = _mm256_set1_epi8(char(1 << j));
+      const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
+                                          _mm256_set1_epi8(0x10));
+      q = _mm256_or_si256(q, hi);
+    }
+    return q;
+  }
+};
+template <>
+struct Q<WType::Q4_K> : QK45<false> {};
+template <>
+struct Q<WType::Q5_K> : QK45<true> {};
+
+template <>
+struct Q<WType::Q6_K> {
+  static constexpr int kElems = 256, kBytes = 210, kSubs = 8;
+  static constexpr bool kSigned = true, kMin = false, kScale16 = true;
+  static void prep(const uint8_t* b, RowState& r) {
+    r.b = b;
+    const float d = h2f(b + 208);
+    for (int j = 0; j < 8; ++j) r.fsc[j] = d;
+  }
+  // Sub-block j = 4h + k: elements 128h + 32k + l (see dequant.cpp deq_q6_k).
+  static __m256i unpack(const RowState& r, int j) {
+    const int h = j / 4, k = j % 4;
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b + 64 * h + 32 * (k % 2)));
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b + 128 + 32 * h));
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+    const __m256i l4 = (k / 2) ? _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4) : _mm256_and_si256(lo, m4);
+    __m256i h2;
+    switch (k) {
+      case 0: h2 = _mm256_and_si256(hb, m2); break;
+      case 1: h2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2), m2); break;
+      case 2: h2 = _mm256_and_si256(_mm256_srli_epi16(hb, 4), m2); break;
+      default: h2 = _mm256_and_si256(_mm256_srli_epi16(hb, 6), m2); break;
+    }
+    const __m256i q = _mm256_or_si256(l4, _mm256_slli_epi16(h2, 4));
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(32));
+  }
+  // int16 multipliers of the maddubs pairs: lanes 0..7 (elements 0..15) scale 2j, 8..15 2j + 1.
+  static __m256i scale16(const RowState& r, int j) {
+    const int8_t* sc = reinterpret_cast<const int8_t*>(r.b + 192);
+    return _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+  }
+};
+
+// y[m0 .. m0 + MR, n0 .. n0 + NR) over all of K. pf: the bytes to prefetch, linearly, while
+// this tile runs (the next row group in decode; nullptr for none).
+template <WType WT, int MR, int NR>
+inline void tile(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t n0, const float* bias,
+                 float* y, int64_t N, const uint8_t* pf) {
+  using T = Q<WT>;
+  const int64_t nblk = a.K / T::kElems, K = a.K, nb = a.nb;
+  __m256 acc[MR][NR];
+  for (int t = 0; t < MR; ++t)
+    for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    if (pf)
+      for (int b = 0; b < NR * T::kBytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + blk * NR * T::kBytes + b), _MM_HINT_T0);
+    RowState rs[NR];
+    for (int r = 0; r < NR; ++r) T::prep(w + size_t(n0 + r) * rb + size_t(blk) * T::kBytes, rs[r]);
+    if constexpr (T::kMin) {
+      for (int t = 0; t < MR; ++t) {
+        const __m256 sv = _mm256_loadu_ps(a.s + (m0 + t) * nb + blk * 8);
+        for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_fnmadd_ps(rs[r].minv, sv, acc[t][r]);
+      }
+    }
+    for (int j = 0; j < T::kSubs; ++j) {
+      __m256i wq[NR], wa[NR], ms[NR];
+      for (int r = 0; r < NR; ++r) {
+        wq[r] = T::unpack(rs[r], j);
+        if constexpr (T::kSigned) wa[r] = _mm256_sign_epi8(wq[r], wq[r]);
+        if constexpr (T::kScale16) ms[r] = T::scale16(rs[r], j);
+        else ms[r] = ones;
+      }
+      const int64_t ab = blk * T::kSubs + j;
+      for (int t = 0; t < MR; ++t) {
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (m0 + t) * K + ab * 32));
+        const __m256 dx = _mm256_broadcast_ss(a.d + (m0 + t) * nb + ab);
+        for (int r = 0; r < NR; ++r) {
+          __m256i p;
+          if constexpr (T::kSigned) p = _mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(xq, wq[r]));
+          else p = _mm256_maddubs_epi16(wq[r], xq);
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ms[r]));
+          acc[t][r] = _mm256_fmadd_ps(f, _mm256_mul_ps(_mm256_set1_ps(rs[r].fsc[j]), dx), acc[t][r]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < MR; ++t)
+    for (int r = 0; r < NR; ++r) {
+      const float s = hsum(acc[t][r]);
+      y[(m0 + t) * N + n0 + r] = bias ? s + bias[n0 + r] : s;
+    }
+}
+
+// Decode: rows [n_begin, n_end) for the one token, kGemvRows at a time.
+constexpr int kGemvRows = 4;
+
+template <WType WT>
+void gemv_range(const QAct& a, const uint8_t* w, size_t rb, const float* bias, float* y, int64_t n_begin,
+                int64_t n_end) {
+  int64_t n = n_begin;
+  for (; n + kGemvRows <= n_end; n += kGemvRows)
+    tile<WT, 1, kGemvRows>(a, 0, w, rb, n, bias, y, 0, w + size_t(n + kGemvRows) * rb);
+  for (; n < n_end; ++n) tile<WT, 1, 1>(a, 0, w, rb, n, bias, y, 0, nullptr);
+}
+
+// Prefill / batched decode: token tiles of 4 over row pairs.
+constexpr int kTileM = 4, kTileN = 2;
+
+template <WType WT, int MR>
+void rows_for_tokens(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, const float* bias, float* y,
+                     int64_t N, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + kTileN <= n1; n += kTileN) tile<WT, MR, kTileN>(a, m0, w, rb, n, bias, y, N, nullptr);
+  for (; n < n1; ++n) tile<WT, MR, 1>(a, m0, w, rb, n, bias, y, N, nullptr);
+}
+
+template <WType WT>
+void panel(const QAct& a, int64_t M, const uint8_t* w, size_t rb, const float* bias, float* y, int64_t N,
+           int64_t n0, int64_t n1) {
+  int64_t m = 0;
+  for (; m + kTileM <= M; m += kTileM) rows_for_tokens<WT, kTileM>(a, m, w, rb, bias, y, N, n0, n1);
+  switch (M - m) {
+    case 3: rows_for_tokens<WT, 3>(a, m, w, rb, bias, y, N, n0, n1); break;
+    case 2: rows_for_tokens<WT, 2>(a, m, w, rb, bias, y, N, n0, n1); break;
+    case 1: rows_for_tokens<WT, 1>(a, m, w, rb, bias, y, N, n0, n1); break;
+    default: break;
+  }
+}
+
+template <WType WT>
+void run(const float* x, const uint8_t* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K) {
+  const QAct a = quantize_act(x, M, K, /*avx2=*/true);
+  const size_t rb = size_t(K / Q<WT>::kElems * Q<WT>::kBytes);
+  if (M == 1) {
+    // y is written by row; boundaries on 16 rows keep threads off each other's cache lines.
+    parallel_for(N, 16, int64_t(rb) * N >= (int64_t(1) << 15) ? 32 : INT64_MAX, [&](int64_t b, int64_t e) {
+      gemv_range<WT>(a, w, rb, bias, y, b, e);
+    });
+    return;
+  }
+  // Panels of ~64 KiB of weights (an even number of rows): every token tile passes over a
+  // panel while it is in L2; panels are handed out one at a time so both cores end together.
+  const int64_t rows = std::max<int64_t>(kTileN, int64_t((64 << 10) / rb) / kTileN * kTileN);
+  const int64_t n_panels = (N + rows - 1) / rows;
+  const bool parallel = M * N * K >= (1 << 16) && n_panels > 1;
+  parallel_for_dynamic(n_panels, parallel, [&](int64_t p, int) {
+    const int64_t n0 = p * rows;
+    panel<WT>(a, M, w, rb, bias, y, N, n0, std::min(N, n0 + rows));
+  });
+}
+
+}  // namespace
+
+void quantize_act_avx2(const float* x, int64_t m_begin, int64_t m_end, int64_t K, int8_t* q, float* d,
+                       float* s) {
+  const int64_t nb = K / kActBlock;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t m = m_begin; m < m_end; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + m * K + b * kActBlock;
+      __m256 v[4];
+      __m256 amax = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(xb + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+      }
+      __m128 mx = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+      mx = _mm_max_ps(mx, _mm_movehl_ps(mx, mx));
+      mx = _mm_max_ss(mx, _mm_movehdup_ps(mx));
+      const float am = _mm_cvtss_f32(mx);
+      const float db = am / 127.0f, id = db > 0.0f ? 127.0f / am : 0.0f;
+      const __m256 idv = _mm256_set1_ps(id);
+      __m256i i32[4];
+      for (int i = 0; i < 4; ++i) i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv));  // nearest even
+      // Sum of the 32 integers before packing (packs reorders lanes; the sum does not care).
+      const __m256i sum4 = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum4), _mm256_extracti128_si256(sum4, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+      // packs works within 128-bit halves: (0,1) -> 16-bit [0a 1a 0b 1b], then bytes; a final
+      // permute of 32-bit groups restores element order.
+      const __m256i p01 = _mm256_packs_epi32(i32[0], i32[1]), p23 = _mm256_packs_epi32(i32[2], i32[3]);
+      const __m256i p = _mm256_packs_epi16(p01, p23);
+      const __m256i out = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + m * K + b * kActBlock), out);
+      d[m * nb + b] = db;
+      s[m * nb + b] = db * float(_mm_cvtsi128_si32(s4));
+    }
+}
+
+void matmul_q_avx2(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M, int64_t N,
+                   int64_t K) {
+  check_quant_args(wt, K, "matmul");
+  const uint8_t* wb = static_cast<const uint8_t*>(w);
+  switch (wt) {
+    case WType::Q8_0: return run<WType::Q8_0>(x, wb, bias, y, M, N, K);
+    case WType::Q4_0: return run<WType::Q4_0>(x, wb, bias, y, M, N, K);
+    case WType::Q4_Z: return run<WType::Q4_Z>(x, wb, bias, y, M, N, K);
+    case WType::Q4_K: return run<WType::Q4_K>(x, wb, bias, y, M, N, K);
+    case WType::Q5_K: return run<WType::Q5_K>(x, wb, bias, y, M, N, K);
+    case WType::Q6_K: return run<WType::Q6_K>(x, wb, bias, y, M, N, K);
+    default: fail("matmul: ", wtype_name(wt), " is not quantized");
+  }
+}
+
+}  // namespace kvboost::kernels::cpu

@@ -1,0 +1,352 @@
+// matmul over quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q4_Z) on every ISA path against
+// matmul_ref (the weight row dequantized exactly, double accumulation), shapes with M = 1
+// (decode GEMV) and M > 1 (token tiles), odd N, K of several blocks, with and without bias.
+//
+// Tolerance, derived from the one approximation the fast paths make: each activation block of
+// 32 is stored as q * d with d = max|x| / 127 and q = round(x / d), so |x - q d| <= d / 2 and
+// the exact dot over the stored weights w moves by at most
+//     bound(m, n) = sum over blocks b of d_b / 2 * sum_{k in b} |w[n, k]|,
+// plus f32 rounding (products and the sum over blocks): 1e-5 * sum_k |x[m, k] w[n, k]|.
+// The scalar and AVX2 paths compute the same integer dots, so between them only the f32
+// rounding term remains.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvboost/common.h"
+#include "kvboost/kernels.h"
+#include "kernel_test_util.h"
+#include "test_util.h"
+
+using namespace kvboost;
+using namespace kvboost::kernels;
+
+namespace {
+using kernel_test::IsaGuard;
+using kernel_test::isas;
+using kernel_test::randv;
+
+const WType kQTypes[] = {WType::Q8_0, WType::Q4_0, WType::Q4_K, WType::Q5_K, WType::Q6_K, WType::Q4_Z};
+
+void put_f16(uint8_t* p, float f) {
+  const uint16_t h = f32_to_f16(f);
+  std::memcpy(p, &h, 2);
+}
+float f16r(float f) { return f16_to_f32(f32_to_f16(f)); }
+int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+// ---- small quantizers (what llama.cpp / gguf_fixture.py / the AWQ loader write) ----
+void quant_q8_0(const float* x, uint8_t* b) {
+  float amax = 0;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127;
+  put_f16(b, d);
+  for (int i = 0; i < 32; ++i) b[2 + i] = uint8_t(int8_t(d > 0 ? std::lround(x[i] / d) : 0));
+}
+void quant_q4_0(const float* x, uint8_t* b) {  // ggml: d = (signed max) / -8
+  float amax = 0, mx = 0;
+  for (int i = 0; i < 32; ++i)
+    if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), mx = x[i];
+  const float d = mx / -8, id = d != 0 ? 1 / d : 0;
+  put_f16(b, d);
+  for (int j = 0; j < 16; ++j) {
+    const int lo = clampi(int(x[j] * id + 8.5f), 0, 15), hi = clampi(int(x[j + 16] * id + 8.5f), 0, 15);
+    b[2 + j] = uint8_t(lo | (hi << 4));
+  }
+}
+void quant_q4_z(const float* x, uint8_t* b) {  // asymmetric: min..max over 16 levels
+  float lo = x[0], hi = x[0];
+  for (int i = 0; i < 32; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+  const float d = f16r((hi - lo) / 15);
+  const int z = d > 0 ? clampi(int(std::lround(-lo / d)), 0, 15) : 0;
+  put_f16(b, d);
+  b[2] = uint8_t(z), b[3] = 0;
+  for (int j = 0; j < 16; ++j) {
+    const int a = d > 0 ? clampi(int(std::lround(x[j] / d)) + z, 0, 15) : z;
+    const int c = d > 0 ? clampi(int(std::lround(x[j + 16] / d)) + z, 0, 15) : z;
+    b[4 + j] = uint8_t(a | (c << 4));
+  }
+}
+// gguf_fixture.py quantize_q4_k (five = Q5_K): per sub-block scale and min, 6-bit each.
+void quant_q45_k(const float* x, uint8_t* b, bool five) {
+  const int levels = five ? 31 : 15;
+  float scale[8], mins[8], smax = 0, mmax = 0;
+  for (int j = 0; j < 8; ++j) {
+    float lo = 0, hi = x[32 * j];
+    for (int l = 0; l < 32; ++l) lo = std::min(lo, x[32 * j + l]), hi = std::max(hi, x[32 * j + l]);
+    scale[j] = (hi - lo) / levels, mins[j] = -lo;
+    smax = std::max(smax, scale[j]), mmax = std::max(mmax, mins[j]);
+  }
+  const float d = f16r(smax / 63), dmin = f16r(mmax / 63);
+  put_f16(b, d), put_f16(b + 2, dmin);
+  uint8_t sc[8], m[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = uint8_t(d > 0 ? clampi(int(std::lround(scale[j] / d)), 0, 63) : 0);
+    m[j] = uint8_t(dmin > 0 ? clampi(int(std::lround(mins[j] / dmin)), 0, 63) : 0);
+  }
+  uint8_t* s = b + 4;
+  for (int j = 0; j < 4; ++j) {
+    s[j] = uint8_t((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+    s[j + 4] = uint8_t((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+    s[j + 8] = uint8_t((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
+  }
+  uint8_t* qh = b + 16;
+  uint8_t* qs = b + (five ? 48 : 16);
+  if (five) std::memset(qh, 0, 32);
+  std::memset(qs, 0, 128);
+  for (int j = 0; j < 8; ++j) {
+    const float es = d * sc[j], em = dmin * m[j];
+    for (int l = 0; l < 32; ++l) {
+      const int q = es > 0 ? clampi(int(std::lround((x[32 * j + l] + em) / es)), 0, levels) : 0;
+      qs[32 * (j / 2) + l] |= uint8_t((q & 0xF) << (4 * (j % 2)));
+      if (five) qh[l] |= uint8_t(((q >> 4) & 1) << j);
+    }
+  }
+}
+// gguf_fixture.py quantize_q6_k.
+void quant_q6_k(const float* x, uint8_t* b) {
+  float scale[16], smax = 0;
+  for (int i = 0; i < 16; ++i) {
+    float a = 0;
+    for (int l = 0; l < 16; ++l) a = std::max(a, std::fabs(x[16 * i + l]));
+    scale[i] = a / 31, smax = std::max(smax, scale[i]);
+  }
+  const float d = f16r(smax / 127);
+  int8_t sc[16];
+  uint8_t q[256];
+  for (int i = 0; i < 16; ++i) {
+    sc[i] = int8_t(d > 0 ? clampi(int(std::lround(scale[i] / d)), -128, 127) : 0);
+    const float es = d * sc[i];
+    for (int l = 0; l < 16; ++l)
+      q[16 * i + l] = uint8_t((es != 0 ? clampi(int(std::lround(x[16 * i + l] / es)), -32, 31) : 0) + 32);
+  }
+  uint8_t* ql = b;
+  uint8_t* qh = b + 128;
+  std::memset(b, 0, 192);
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        const int v = q[128 * h + 32 * k + l];
+        ql[64 * h + 32 * (k % 2) + l] |= uint8_t((v & 0xF) << (4 * (k / 2)));
+        qh[32 * h + l] |= uint8_t((v >> 4) << (2 * k));
+      }
+  std::memcpy(b + 192, sc, 16);
+  put_f16(b + 208, d);
+}
+
+// [N, K] random floats quantized row by row to wt.
+std::vector<uint8_t> quantize_rows(const std::vector<float>& w, WType wt, int64_t N, int64_t K) {
+  const int64_t be = wtype_block_elems(wt), bb = wtype_block_bytes(wt);
+  std::vector<uint8_t> out(size_t(N * wtype_row_bytes(wt, K)));
+  for (int64_t i = 0; i < N * K / be; ++i) {
+    const float* x = w.data() + i * be;
+    uint8_t* b = out.data() + i * bb;
+    switch (wt) {
+      case WType::Q8_0: quant_q8_0(x, b); break;
+      case WType::Q4_0: quant_q4_0(x, b); break;
+      case WType::Q4_Z: quant_q4_z(x, b); break;
+      case WType::Q4_K: quant_q45_k(x, b, false); break;
+      case WType::Q5_K: quant_q45_k(x, b, true); break;
+      case WType::Q6_K: quant_q6_k(x, b); break;
+      default: ADD_FAILURE() << "not quantized";
+    }
+  }
+  return out;
+}
+
+// Random bytes with finite scales: every nibble / bit pattern, int8 -128, zero points 0..15.
+std::vector<uint8_t> random_blocks(WType wt, int64_t N, int64_t K, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int64_t bb = wtype_block_bytes(wt), nb = N * K / wtype_block_elems(wt);
+  std::vector<uint8_t> b(size_t(nb * bb));
+  for (auto& x : b) x = uint8_t(rng());
+  for (int64_t i = 0; i < nb; ++i) {
+    uint8_t* p = b.data() + i * bb;
+    switch (wt) {
+      case WType::Q8_0: case WType::Q4_0: put_f16(p, u(rng) * 0.05f); break;
+      case WType::Q4_Z: put_f16(p, std::fabs(u(rng)) * 0.05f), p[2] &= 0x0F, p[3] = 0; break;
+      case WType::Q4_K: case WType::Q5_K: put_f16(p, u(rng) * 0.002f), put_f16(p + 2, u(rng) * 0.002f); break;
+      case WType::Q6_K: put_f16(p + 208, u(rng) * 0.001f); break;
+      default: break;
+    }
+  }
+  return b;
+}
+
+// Dequantized weights (the reference's view of them).
+std::vector<float> dequant(const std::vector<uint8_t>& w, WType wt, int64_t N, int64_t K) {
+  std::vector<float> out(size_t(N * K));
+  const size_t rb = size_t(wtype_row_bytes(wt, K));
+  for (int64_t n = 0; n < N; ++n) to_f32(w.data() + n * rb, wt, out.data() + n * K, K);
+  return out;
+}
+
+// The activation-quantization bound of every output (file comment): act = the d/2 term,
+// round = the f32 rounding term.
+struct Bound {
+  std::vector<double> act, round;
+};
+Bound bound(const std::vector<float>& x, const std::vector<float>& wf, int64_t M, int64_t N, int64_t K) {
+  Bound out;
+  out.act.resize(size_t(M * N)), out.round.resize(size_t(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double e = 0, mag = 0;
+      for (int64_t b = 0; b < K / 32; ++b) {
+        double amax = 0, wsum = 0;
+        for (int64_t k = 32 * b; k < 32 * b + 32; ++k) {
+          amax = std::max(amax, double(std::fabs(x[size_t(m * K + k)])));
+          wsum += std::fabs(wf[size_t(n * K + k)]);
+          mag += std::fabs(double(x[size_t(m * K + k)]) * wf[size_t(n * K + k)]);
+        }
+        e += amax / 127 / 2 * wsum;
+      }
+      out.act[size_t(m * N + n)] = e;
+      out.round[size_t(m * N + n)] = 1e-5 * mag + 1e-6;
+    }
+  return out;
+}
+
+struct Case {
+  int64_t M, N, K;
+};
+
+void check_type(WType wt, bool random_bytes, const std::vector<Case>& cases) {
+  IsaGuard guard;
+  const int64_t be = wtype_block_elems(wt);
+  uint64_t seed = 1000 + uint64_t(wt) * 17 + (random_bytes ? 1 : 0);
+  for (const Case& c0 : cases) {
+    Case c = c0;
+    c.K = (c.K + be - 1) / be * be;  // whole blocks of this type
+    const std::vector<float> x = randv(size_t(c.M * c.K), ++seed);
+    const std::vector<float> bias = randv(size_t(c.N), ++seed);
+    const std::vector<uint8_t> w =
+        random_bytes ? random_blocks(wt, c.N, c.K, ++seed) : quantize_rows(randv(size_t(c.N * c.K), ++seed, 0.05f), wt, c.N, c.K);
+    const std::vector<float> wf = dequant(w, wt, c.N, c.K);
+    const Bound tol = bound(x, wf, c.M, c.N, c.K);
+    for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
+      std::vector<float> ref(size_t(c.M * c.N)), per_isa[3];
+      matmul_ref(x.data(), w.data(), wt, b, ref.data(), c.M, c.N, c.K);
+      for (Isa isa : isas()) {
+        set_active_isa(isa);
+        std::vector<float>& y = per_isa[int(isa)];
+        y.assign(size_t(c.M * c.N), NAN);
+        matmul(x.data(), w.data(), wt, b, y.data(), c.M, c.N, c.K);
+        for (int64_t i = 0; i < c.M * c.N; ++i)
+          ASSERT_LE(std::fabs(double(y[size_t(i)]) - ref[size_t(i)]), tol.act[size_t(i)] + tol.round[size_t(i)])
+              << wtype_name(wt) << (random_bytes ? " random blocks" : " quantized floats") << " isa "
+              << isa_name(isa) << " M " << c.M << " N " << c.N << " K " << c.K << " bias " << (b != nullptr)
+              << " at " << i << ": " << y[size_t(i)] << " vs " << ref[size_t(i)];
+      }
+      // Scalar vs vector: the same integer dots, so only f32 rounding apart.
+      if (!per_isa[int(Isa::Avx2)].empty())
+        for (int64_t i = 0; i < c.M * c.N; ++i) {
+          const double d = std::fabs(double(per_isa[0][size_t(i)]) - per_isa[int(Isa::Avx2)][size_t(i)]);
+          ASSERT_LE(d, 2 * tol.round[size_t(i)])
+              << wtype_name(wt) << " scalar vs avx2 at " << i;
+        }
+    }
+  }
+}
+
+std::vector<Case> shapes() {
+  // M: decode (1), tile remainders (2, 5, 17), full tiles (64); N odd; K several blocks (rounded
+  // up to whole blocks of the type), large enough in one case for the parallel paths.
+  return {{1, 37, 96},  {1, 129, 2304}, {2, 37, 224}, {5, 33, 256}, {17, 39, 768}, {64, 41, 512},
+          {1, 1, 32},   {64, 129, 1024}};
+}
+
+}  // namespace
+
+TEST(QuantMatmul, Sizes) {
+  EXPECT_EQ(wtype_row_bytes(WType::Q8_0, 64), 68);
+  EXPECT_EQ(wtype_row_bytes(WType::Q4_0, 32), 18);
+  EXPECT_EQ(wtype_row_bytes(WType::Q4_Z, 64), 40);
+  EXPECT_EQ(wtype_row_bytes(WType::Q4_K, 512), 288);
+  EXPECT_EQ(wtype_row_bytes(WType::Q5_K, 256), 176);
+  EXPECT_EQ(wtype_row_bytes(WType::Q6_K, 256), 210);
+  EXPECT_EQ(wtype_row_bytes(WType::BF16, 3), 6);
+  EXPECT_EQ(wtype_size(WType::F32), 4);
+  EXPECT_EQ(wtype_size(WType::BF16), 2);
+  for (WType t : kQTypes) {
+    EXPECT_TRUE(wtype_is_quantized(t));
+    EXPECT_THROW(wtype_size(t), Error) << wtype_name(t);
+  }
+  EXPECT_FALSE(wtype_is_quantized(WType::F16));
+  EXPECT_THROW(wtype_row_bytes(WType::Q4_K, 300), Error);
+  EXPECT_STREQ(wtype_name(WType::Q4_Z), "Q4_Z");
+}
+
+TEST(QuantMatmul, Errors) {
+  std::vector<uint8_t> w(4096);
+  std::vector<float> x(512), y(4);
+  EXPECT_THROW(matmul(x.data(), w.data(), WType::Q4_K, nullptr, y.data(), 1, 1, 128), Error);  // K not 256k
+  EXPECT_THROW(matmul_ref(x.data(), w.data(), WType::Q8_0, nullptr, y.data(), 1, 1, 40), Error);
+  EXPECT_THROW(pack_weight(w.data(), WType::Q8_0, 1, 32), Error);
+}
+
+// Q4_Z by hand: d = 0.5, z = 3: element i of 0..15 = 0.5 * ((i % 16) - 3), 16..31 from high nibbles.
+TEST(QuantMatmul, Q4ZLayout) {
+  uint8_t b[20] = {};
+  put_f16(b, 0.5f);
+  b[2] = 3;
+  for (int j = 0; j < 16; ++j) b[4 + j] = uint8_t(j | ((15 - j) << 4));
+  float f[32];
+  to_f32(b, WType::Q4_Z, f, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(f[j], 0.5f * float(j - 3));
+    EXPECT_EQ(f[16 + j], 0.5f * float(15 - j - 3));
+  }
+}
+
+// to_f32 of a quantized row (embedding lookup) = the scalar reference dequantization.
+TEST(QuantMatmul, ToF32MatchesDequantRef) {
+  IsaGuard guard;
+  for (WType wt : kQTypes) {
+    const int64_t K = 512;
+    const std::vector<uint8_t> w = random_blocks(wt, 1, K, 7);
+    std::vector<float> y(static_cast<size_t>(K));
+    for (Isa isa : isas()) {
+      set_active_isa(isa);
+      to_f32(w.data(), wt, y.data(), K);
+      // matmul_ref with one-hot activations reads the reference dequantization back.
+      for (int64_t k = 0; k < K; k += 97) {
+        std::vector<float> e(size_t(K), 0.0f);
+        e[size_t(k)] = 1.0f;
+        float r;
+        matmul_ref(e.data(), w.data(), wt, nullptr, &r, 1, 1, K);
+        EXPECT_EQ(y[size_t(k)], r) << wtype_name(wt) << " " << k;
+      }
+    }
+  }
+}
+
+class QuantMatmulType : public ::testing::TestWithParam<WType> {};
+
+TEST_P(QuantMatmulType, QuantizedFloatsEveryIsa) { check_type(GetParam(), false, shapes()); }
+TEST_P(QuantMatmulType, RandomBlocksEveryIsa) { check_type(GetParam(), true, shapes()); }
+
+// Thread counts 1..3 give the same result (row ranges and panels split differently).
+TEST_P(QuantMatmulType, ThreadCounts) {
+  IsaGuard guard;
+  const WType wt = GetParam();
+  const int64_t M = 9, N = 301, K = 1024;
+  const std::vector<float> x = randv(size_t(M * K), 5);
+  const std::vector<uint8_t> w = random_blocks(wt, N, K, 6);
+  for (int64_t m : {int64_t(1), M}) {
+    std::vector<float> y1(size_t(m * N)), y(size_t(m * N));
+    set_num_threads(1);
+    matmul(x.data(), w.data(), wt, nullptr, y1.data(), m, N, K);
+    for (int t : {2, 3}) {
+      set_num_threads(t);
+      matmul(x.data(), w.data(), wt, nullptr, y.data(), m, N, K);
+      EXPECT_EQ(y, y1) << wtype_name(wt) << " threads " << t << " M " << m;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, QuantMatmulType, ::testing::ValuesIn(kQTypes),
+                         [](const ::testing::TestParamInfo<WType>& i) { return std::string(wtype_name(i.param)); });
