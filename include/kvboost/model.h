@@ -110,6 +110,12 @@ class WeightFiles {
   size_t total_bytes() const;
   // Touches every page so that the first forward pass does not pay for page faults.
   void prefault(const std::function<void(size_t done, size_t total)>& progress) const;
+  // Layer streaming (defined in layer_stream.cpp): the mapped file and offset holding
+  // [p, p + n), or false when the bytes live in an owned buffer (re-laid-out at load).
+  bool locate(const void* p, size_t n, std::string* path, uint64_t* offset) const;
+  // Frees the owned buffer holding p (after streaming copied it elsewhere); tensors whose data
+  // was in it get data = nullptr.
+  void release_owned(const void* p);
 
  private:
   void add_file(const std::string& path, const std::vector<std::string>* only);
@@ -194,8 +200,19 @@ struct BlendStats {
 
 struct LoadOptions {
   bool prefault = true;
+  // Layer streaming: bytes of memory for per-layer matrices (q/k/v/o, gate/up/down). 0 = every
+  // weight resident (memory-mapped) as usual. Otherwise a reader thread streams each forward
+  // pass's layers from the weight files into a ring of budget / layer-size slots while earlier
+  // layers compute (src/model/layer_stream.h); embeddings, lm_head, final norm and the small
+  // vectors (norms, biases) stay resident outside the budget. A budget that holds every layer
+  // keeps everything resident; one below two layers is an Error naming both sizes.
+  uint64_t weight_budget = 0;
   std::function<void(const std::string& stage, size_t done, size_t total)> progress;
 };
+
+namespace stream {
+class LayerStreamer;
+}
 
 class Model {
  public:
@@ -207,6 +224,21 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   const std::string& dir() const { return dir_; }
   size_t weight_bytes() const;
+
+  // Layer streaming state and counters (LoadOptions::weight_budget); streaming = false when
+  // every weight is resident.
+  struct StreamInfo {
+    bool streaming = false;
+    bool direct = false;           // reads bypass the page cache (O_DIRECT)
+    int64_t n_slots = 0;
+    uint64_t slot_bytes = 0;       // one layer's matrices as read (4096-byte aligned extents)
+    uint64_t pass_bytes = 0;       // bytes read per forward pass
+    uint64_t resident_bytes = 0;   // weights kept resident outside the budget (embeddings, ...)
+    uint64_t bytes_read = 0, layers_read = 0, passes = 0;
+    double read_ms = 0;            // reader thread time inside read calls
+    double wait_ms = 0;            // forward passes' time waiting for a layer to arrive
+  };
+  StreamInfo stream_info() const;
 
   // Runs tokens[0..n) at positions kv.n_past .. kv.n_past+n-1, writes their K/V into the
   // slots the block table names, attends over positions [0, kv.n_past + n), and writes logits:
@@ -246,6 +278,9 @@ class Model {
   std::vector<Layer> layers_;
   std::vector<float> final_norm_store_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
+  std::unique_ptr<stream::LayerStreamer> stream_;  // null: every layer resident
+  uint64_t resident_bytes_ = 0;
+  void setup_streaming(const LoadOptions& opt);
 
   void embed(const int32_t* tokens, int64_t n, float* x) const;  // x: [n, hidden] f32
   // rows/work: decoder.cpp's internal Rows and Work (kept out of this header).
@@ -273,7 +308,7 @@ struct FixtureSpec {
   std::string tokenizer_dir;                 // copy tokenizer files from here instead
   float init_std = 0.02f;
 };
-FixtureSpec fixture_preset(const std::string& name);  // tiny | qwen2.5-0.5b | llama3.2-1b
+FixtureSpec fixture_preset(const std::string& name);  // tiny | qwen2.5-0.5b | qwen2.5-1.5b | llama3.2-1b
 void write_fixture_model(const std::string& dir, const FixtureSpec& spec);
 
 }  // namespace kvboost

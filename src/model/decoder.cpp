@@ -1,14 +1,23 @@
 // The Llama-family decoder shared by llama, mistral, qwen2 and qwen3: weight binding with
 // shape/dtype checks, RoPE tables, and the forward pass. Architecture differences are
 // configuration (QKV bias, q/k norm, sliding window, rope scaling), not separate code paths.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <array>
 #include <numbers>
+#include <optional>
 
 #include "kvboost/kernels.h"
 #include "kvboost/model.h"
+#include "layer_stream.h"
 
 namespace kvboost {
 
@@ -172,12 +181,139 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
   m->final_norm_store_ = std::move(fn);
   m->final_norm_.data = m->final_norm_store_.data();
   m->inv_freq_ = compute_inv_freq(c);
-  if (opt.prefault) {
+  if (opt.weight_budget > 0) m->setup_streaming(opt);
+  if (opt.prefault && !m->stream_) {
     f.prefault([&](size_t done, size_t total) {
       if (opt.progress) opt.progress("weights", done, total);
     });
+  } else if (opt.prefault) {
+    // Streaming: only what stays resident is paged in (the layer matrices are never touched
+    // through the mapping, so they cost no memory there).
+    const TensorInfo* res[2] = {f.find("model.embed_tokens.weight"), c.tie_word_embeddings ? nullptr : f.find("lm_head.weight")};
+    const size_t total = m->resident_bytes_;
+    size_t done = 0;
+    volatile uint8_t sink = 0;
+    for (const TensorInfo* r : res) {
+      if (!r || !r->data) continue;
+      const uint8_t* p = static_cast<const uint8_t*>(r->data);
+      for (size_t i = 0; i < r->nbytes; i += 4096) sink = sink + p[i];
+      done += r->nbytes;
+      if (opt.progress) opt.progress("weights", std::min(done, total), total);
+    }
+    if (opt.progress) opt.progress("weights", total, total);
+    (void)sink;
   }
   return m;
+}
+
+namespace {
+
+// The matrices a layer streams, in the order the streamer is given them.
+constexpr int kLayerMats = 7;
+const char* const kMatNames[kLayerMats] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                           "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                                           "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+                                           "mlp.down_proj.weight"};
+std::array<Weight*, kLayerMats> layer_mats(Model::Layer& L) {
+  return {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down};
+}
+
+}  // namespace
+
+// Plans what each layer streams and from where. Matrices inside a mapped weight file are read
+// from that file; matrices that live in owned buffers (re-laid-out at load: GGUF Q/K rows
+// un-permuted, dequantized or repacked tensors) have no file offset, so they are written once
+// into a scratch file in $TMPDIR (unlinked as soon as it is open: deleted at exit, even after
+// a crash) and their buffers are freed, so that they stream like the rest.
+void Model::setup_streaming(const LoadOptions& opt) {
+  const ModelConfig& c = cfg_;
+  std::vector<std::string> paths;
+  std::vector<std::vector<stream::TensorRef>> refs(size_t(c.n_layers));
+  struct Copy {
+    const void* src;
+    uint64_t n, off;
+  };
+  std::vector<Copy> copies;
+  int scratch = -1;
+  uint64_t scratch_end = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    for (int i = 0; i < kLayerMats; ++i) {
+      const std::string name = "model.layers." + std::to_string(l) + "." + kMatNames[i];
+      const TensorInfo* t = files_.find(name);
+      if (!t || !t->data) fail(dir_, ": layer streaming: tensor \"", name, "\" has no data");
+      std::string path;
+      uint64_t off = 0;
+      if (files_.locate(t->data, t->nbytes, &path, &off)) {
+        auto it = std::find(paths.begin(), paths.end(), path);
+        const int idx = int(it - paths.begin());
+        if (it == paths.end()) paths.push_back(path);
+        refs[size_t(l)].push_back({idx, off, t->nbytes});
+      } else {
+        if (scratch < 0) scratch = int(paths.size()), paths.push_back("");
+        off = (scratch_end + stream::LayerStreamer::kAlign - 1) / stream::LayerStreamer::kAlign *
+              stream::LayerStreamer::kAlign;
+        copies.push_back({t->data, t->nbytes, off});
+        scratch_end = off + t->nbytes;
+        refs[size_t(l)].push_back({scratch, off, t->nbytes});
+      }
+    }
+  }
+  const uint64_t slot = stream::LayerStreamer::slot_bytes_for(refs);
+  if (opt.weight_budget >= slot * uint64_t(c.n_layers)) return;  // every layer fits: resident
+  stream::LayerStreamer::check_budget(refs, opt.weight_budget);
+
+  std::string scratch_path;
+  int wfd = -1;
+  if (!copies.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    scratch_path = std::string(tmp && *tmp ? tmp : "/tmp") + "/kvboost-stream-XXXXXX";
+    wfd = ::mkstemp(scratch_path.data());
+    if (wfd < 0) fail(scratch_path, ": cannot create the layer streaming scratch file: ", std::strerror(errno));
+    for (const Copy& cp : copies) {
+      for (uint64_t done = 0; done < cp.n;) {
+        const ssize_t r = ::pwrite(wfd, static_cast<const uint8_t*>(cp.src) + done, size_t(cp.n - done), off_t(cp.off + done));
+        if (r <= 0) {
+          const int err = errno;
+          ::close(wfd), ::unlink(scratch_path.c_str());
+          fail(scratch_path, ": writing the layer streaming scratch file failed: ", std::strerror(err));
+        }
+        done += uint64_t(r);
+      }
+    }
+    ::fdatasync(wfd);
+    ::posix_fadvise(wfd, 0, 0, POSIX_FADV_DONTNEED);  // its pages are read back by the streamer
+    paths[size_t(scratch)] = scratch_path;
+  }
+  try {
+    stream_ = std::make_unique<stream::LayerStreamer>(paths, refs, opt.weight_budget);
+  } catch (...) {
+    if (wfd >= 0) ::close(wfd), ::unlink(scratch_path.c_str());
+    throw;
+  }
+  if (wfd >= 0) ::close(wfd), ::unlink(scratch_path.c_str());
+  for (const Copy& cp : copies) files_.release_owned(cp.src);
+  // Streamed matrices are bound per pass to their slot. Those whose owned buffer was just freed
+  // would dangle: null; the others keep pointing into the mapping, which is never touched.
+  for (Layer& L : layers_)
+    for (Weight* w : layer_mats(L))
+      if (!files_.locate(w->data, 1, nullptr, nullptr)) w->data = nullptr;
+  resident_bytes_ = files_.find("model.embed_tokens.weight")->nbytes;
+  if (!c.tie_word_embeddings) resident_bytes_ += files_.find("lm_head.weight")->nbytes;
+}
+
+Model::StreamInfo Model::stream_info() const {
+  StreamInfo si;
+  if (!stream_) return si;
+  const stream::StreamStats st = stream_->stats();
+  si.streaming = true;
+  si.direct = st.direct;
+  si.n_slots = stream_->n_slots();
+  si.slot_bytes = stream_->slot_bytes();
+  si.pass_bytes = stream_->pass_bytes();
+  si.resident_bytes = resident_bytes_;
+  si.bytes_read = st.bytes_read, si.layers_read = st.layers_read, si.passes = st.passes;
+  si.read_ms = st.read_ms, si.wait_ms = st.wait_ms;
+  return si;
 }
 
 namespace {
@@ -207,6 +343,9 @@ struct Rows {
 // Activations of one pass: x [n, H] is the residual stream; the rest is scratch.
 struct Work {
   std::vector<float> x, h, q, k, v, att, gate, up, cos, sin, part, lse, lse_part;
+  // The current layer's matrices (in kMatNames order) when streamed: they live in a slot of
+  // the streamer for this layer only. nullptr: the resident ones of the Layer.
+  const Weight* mats = nullptr;
   void resize(const ModelConfig& c, int64_t n, bool paged_in) {
     const int64_t H = c.hidden_size, nq = c.n_heads * c.head_dim, nkv = c.n_kv_heads * c.head_dim;
     x.resize(size_t(n * H)), h.resize(size_t(n * H)), q.resize(size_t(n * nq));
@@ -245,6 +384,18 @@ inline float* slot_ptr(float* pool, const int32_t* table, int64_t bs, int64_t p,
 
 }  // namespace
 
+namespace {
+// A layer's matrices with data in the streamer's slot (shapes and types as bound at load).
+const Weight* bind_streamed(const Model::Layer& L, const std::vector<const uint8_t*>& p, Weight* out) {
+  const Weight* src[kLayerMats] = {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down};
+  for (int i = 0; i < kLayerMats; ++i) {
+    out[i] = *src[i];
+    out[i].data = p[size_t(i)];
+  }
+  return out;
+}
+}  // namespace
+
 // One decoder layer over `rows`. before_write(k, v), when set, sees the fresh post-RoPE K/V of
 // every row before they overwrite the slots (CacheBlend's deviation check).
 void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void* work_p,
@@ -253,15 +404,18 @@ void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void*
   Work& w = *static_cast<Work*>(work_p);
   const ModelConfig& c = cfg_;
   const Layer& L = layers_[size_t(l)];
+  const Weight* m = w.mats;  // streamed matrices, else the resident ones
+  const Weight &wq = m ? m[0] : L.wq, &wk = m ? m[1] : L.wk, &wv = m ? m[2] : L.wv, &wo = m ? m[3] : L.wo;
+  const Weight &w_gate = m ? m[4] : L.w_gate, &w_up = m ? m[5] : L.w_up, &w_down = m ? m[6] : L.w_down;
   const int64_t n = rows.size(), H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
   const int64_t nq = c.n_heads * hd, nkv = c.n_kv_heads * hd;
   const float scale = 1.0f / std::sqrt(float(hd)), eps = float(c.rms_norm_eps);
   auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
 
   kernels::rms_norm(w.x.data(), L.attn_norm.data(), w.h.data(), n, H, eps);
-  if (!kv_only) kernels::matmul(w.h.data(), L.wq.data, L.wq.type, bias(L.q_bias), w.q.data(), n, nq, H);
-  kernels::matmul(w.h.data(), L.wk.data, L.wk.type, bias(L.k_bias), w.k.data(), n, nkv, H);
-  kernels::matmul(w.h.data(), L.wv.data, L.wv.type, bias(L.v_bias), w.v.data(), n, nkv, H);
+  if (!kv_only) kernels::matmul(w.h.data(), wq.data, wq.type, bias(L.q_bias), w.q.data(), n, nq, H);
+  kernels::matmul(w.h.data(), wk.data, wk.type, bias(L.k_bias), w.k.data(), n, nkv, H);
+  kernels::matmul(w.h.data(), wv.data, wv.type, bias(L.v_bias), w.v.data(), n, nkv, H);
   if (c.qk_norm) {
     if (!kv_only) kernels::rms_norm(w.q.data(), L.q_norm.data(), w.q.data(), n * c.n_heads, hd, eps);
     kernels::rms_norm(w.k.data(), L.k_norm.data(), w.k.data(), n * c.n_kv_heads, hd, eps);
@@ -310,14 +464,14 @@ void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void*
       kernels::attention_merge(att, lse, part, lse_part, r.n * c.n_heads, hd);
     }
   }
-  kernels::matmul(w.att.data(), L.wo.data, L.wo.type, bias(L.o_bias), w.h.data(), n, H, nq);
+  kernels::matmul(w.att.data(), wo.data, wo.type, bias(L.o_bias), w.h.data(), n, H, nq);
   for (int64_t i = 0; i < n * H; ++i) w.x[size_t(i)] += w.h[size_t(i)];
 
   kernels::rms_norm(w.x.data(), L.mlp_norm.data(), w.h.data(), n, H, eps);
-  kernels::matmul(w.h.data(), L.w_gate.data, L.w_gate.type, nullptr, w.gate.data(), n, I, H);
-  kernels::matmul(w.h.data(), L.w_up.data, L.w_up.type, nullptr, w.up.data(), n, I, H);
+  kernels::matmul(w.h.data(), w_gate.data, w_gate.type, nullptr, w.gate.data(), n, I, H);
+  kernels::matmul(w.h.data(), w_up.data, w_up.type, nullptr, w.up.data(), n, I, H);
   kernels::silu_mul(w.gate.data(), w.up.data(), w.gate.data(), n * I);
-  kernels::matmul(w.gate.data(), L.w_down.data, L.w_down.type, nullptr, w.h.data(), n, H, I);
+  kernels::matmul(w.gate.data(), w_down.data, w_down.type, nullptr, w.h.data(), n, H, I);
   for (int64_t i = 0; i < n * H; ++i) w.x[size_t(i)] += w.h[size_t(i)];
 }
 
@@ -363,7 +517,16 @@ void Model::forward_batch(const SeqBatch* seqs, int64_t n_seqs) const {
   w.resize(c, n, paged_in);
   for (int64_t s = 0, row = 0; s < n_seqs; row += seqs[s].n, ++s) embed(seqs[s].tokens, seqs[s].n, &w.x[size_t(row * H)]);
   rope_tables(inv_freq_, rows, w);
-  for (int64_t l = 0; l < c.n_layers; ++l) run_layer(l, seqs, &rows, &w, nullptr);
+  std::optional<stream::LayerStreamer::Pass> pass;  // streaming: one pass over every layer
+  if (stream_) pass.emplace(*stream_);
+  Weight mats[kLayerMats];
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (pass) w.mats = bind_streamed(layers_[size_t(l)], pass->acquire(l), mats);
+    run_layer(l, seqs, &rows, &w, nullptr);
+    if (pass) pass->release();
+  }
+  w.mats = nullptr;
+  pass.reset();  // the next pass may start while the logits are computed
 
   // Logits: the requested rows of every sequence in one matmul.
   std::vector<int64_t> src;
@@ -407,7 +570,16 @@ BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& 
   rope_tables(inv_freq_, rows, w);
   const int64_t check = std::clamp<int64_t>(opt.check_layer, 0, c.n_layers - 1);
   BlendStats st;
-  for (int64_t l = 0; l < check; ++l) run_layer(l, &seq, &rows, &w, nullptr);
+  std::optional<stream::LayerStreamer::Pass> pass;  // streaming: one pass over every layer
+  if (stream_) pass.emplace(*stream_);
+  Weight mats[kLayerMats];
+  for (int64_t l = 0; l < check; ++l) {
+    if (pass) w.mats = bind_streamed(layers_[size_t(l)], pass->acquire(l), mats);
+    run_layer(l, &seq, &rows, &w, nullptr);
+    if (pass) pass->release();
+  }
+  // The check layer runs twice (K/V of all rows, then the selected rows): it stays acquired.
+  w.mats = pass ? bind_streamed(layers_[size_t(check)], pass->acquire(check), mats) : nullptr;
   // Deviation of each reused token's fresh K/V from its cached K/V at the check layer.
   std::vector<float> dev(size_t(n), 0.0f);
   const std::function<void(const float*, const float*)> measure = [&](const float* k, const float* v) {
@@ -459,7 +631,13 @@ BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& 
   st.n_rows_late = m;
   w = Work();
   rope_tables(inv_freq_, late, w2);
-  for (int64_t l = check; l < c.n_layers; ++l) run_layer(l, &seq, &late, &w2, nullptr);
+  for (int64_t l = check; l < c.n_layers; ++l) {
+    if (pass) w2.mats = l == check ? mats : bind_streamed(layers_[size_t(l)], pass->acquire(l), mats);
+    run_layer(l, &seq, &late, &w2, nullptr);
+    if (pass) pass->release();
+  }
+  w2.mats = nullptr;
+  pass.reset();
   kernels::rms_norm(&w2.x[size_t((m - 1) * H)], final_norm_store_.data(), w2.h.data(), 1, H, float(c.rms_norm_eps));
   kernels::matmul(w2.h.data(), lm_head_.data, lm_head_.type, nullptr, logits, 1, c.vocab_size, H);
   return st;

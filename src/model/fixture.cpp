@@ -104,6 +104,13 @@ FixtureSpec fixture_preset(const std::string& name) {
     s.vocab = 151936, s.max_pos = 32768, s.tie = true, s.rope_theta = 1000000.0;
     return s;
   }
+  if (name == "qwen2.5-1.5b") {  // ~3.1 GB in bf16: larger than memory on small machines
+    s.arch = "qwen2";
+    s.dtype = "bf16";
+    s.hidden = 1536, s.intermediate = 8960, s.layers = 28, s.heads = 12, s.kv_heads = 2;
+    s.vocab = 151936, s.max_pos = 32768, s.tie = true, s.rope_theta = 1000000.0;
+    return s;
+  }
   if (name == "llama3.2-1b") {
     s.arch = "llama";
     s.dtype = "bf16";
@@ -112,7 +119,7 @@ FixtureSpec fixture_preset(const std::string& name) {
     s.rope_scaling = "llama3";
     return s;
   }
-  fail("unknown fixture preset \"", name, "\" (known: tiny, qwen2.5-0.5b, llama3.2-1b)");
+  fail("unknown fixture preset \"", name, "\" (known: tiny, qwen2.5-0.5b, qwen2.5-1.5b, llama3.2-1b)");
 }
 
 void write_fixture_model(const std::string& dir, const FixtureSpec& s) {
