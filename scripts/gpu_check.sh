@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The CUDA backend's device check: GPU kernel tests, GPU-vs-CPU decoder tests, and the layer
+# streaming benchmark (bench/gpu_stream_bench.cpp), on a machine with an NVIDIA GPU.
+#
+#   scripts/gpu_check.sh stage   # here (a build machine with nvcc, no GPU needed): configure and
+#                                # build build-cuda (-DKVBOOST_CUDA=ON), then gather the binaries, the
+#                                # shared libraries they need beyond glibc/libstdc++/cuBLAS, and
+#                                # stories260K into build-cuda/carry (~45 MB)
+#   scripts/gpu_check.sh run     # on the GPU machine: runs everything from build-cuda/carry and
+#                                # writes logs to $OUT (default /tmp/gpu_check)
+#
+# Environment for `run`: OUT (log folder), KVBOOST_GPU_CHECK_SMALL=1 (small benchmark models: a
+# dry run of the script's logic on a machine without a GPU, where the GPU tests skip and the
+# benchmark reports that no device is visible), KVBOOST_GPU_CHECK_BENCH=0 (tests only).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+mode="${1:-run}"
+carry=build-cuda/carry
+
+if [[ "$mode" == "stage" ]]; then
+  set -e
+  [[ -f build-cuda/build.ninja ]] || cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBOOST_CUDA=ON
+  ninja -C build-cuda -j"${KVBOOST_JOBS:-2}" test_gpu test_gpu_kernels gpu_stream_bench kvboost-fixture
+  rm -rf "$carry"
+  mkdir -p "$carry/bin" "$carry/lib" "$carry/shared/models"
+  for b in tests/gpu/test_gpu tests/gpu/test_gpu_kernels bench/gpu_stream_bench kvboost-fixture; do
+    strip -o "$carry/bin/$(basename "$b")" "build-cuda/$b"
+  done
+  # Libraries a bare CUDA image may lack (Debian 12 sonames): everything the binaries resolve
+  # outside glibc, libstdc++, libgcc and CUDA.
+  ldd "$carry"/bin/* | awk '/=> \// {print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64|libcublas|libcublasLt|libcudart)\.so' |
+    while read -r lib; do cp -L "$lib" "$carry/lib/"; done
+  cp -r ../shared/models/stories260K "$carry/shared/models/"
+  chmod -R u+w "$carry"
+  du -sh "$carry"
+  ls -l "$carry/lib"
+  exit 0
+fi
+
+if [[ "$mode" != "run" ]]; then
+  echo "usage: scripts/gpu_check.sh stage|run" >&2
+  exit 2
+fi
+
+out="${OUT:-/tmp/gpu_check}"
+mkdir -p "$out"
+log="$out/gpu_check.log"
+exec > >(tee "$log") 2>&1
+start=$SECONDS
+step() { echo; echo "=== [$((SECONDS - start)) s] $*"; }
+
+step "machine"
+uname -a
+nproc
+nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv 2>&1 || echo "nvidia-smi: none"
+free -g | head -2
+
+step "libraries"
+bin="$PWD/$carry/bin"
+libdirs="$PWD/$carry/lib"
+cublas=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13*/lib64 \
+         /usr/lib/x86_64-linux-gnu $(ls -d /opt/*/.venv/lib/python3*/site-packages/nvidia/cu*/lib \
+         /opt/*/.venv/lib/python3*/site-packages/nvidia/cublas/lib /usr/local/lib/python3*/dist-packages/nvidia/cu*/lib 2>/dev/null); do
+  if [[ -e "$d/libcublas.so.13" ]]; then cublas="$d"; break; fi
+done
+if [[ -z "$cublas" ]]; then
+  cublas="$(dirname "$(find / -xdev -name 'libcublas.so.13' 2>/dev/null | head -1)" 2>/dev/null)"
+fi
+echo "cuBLAS: ${cublas:-not found}"
+[[ -n "$cublas" ]] && libdirs="$libdirs:$cublas"
+export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for b in "$bin"/*; do
+  missing="$(ldd "$b" | grep 'not found')"
+  [[ -n "$missing" ]] && echo "$(basename "$b"): $missing"
+done
+echo "ldd done"
+
+export KVBOOST_SHARED_DIR="$PWD/$carry/shared"
+export KVBOOST_REQUIRE_ORACLES=1
+rc=0
+
+step "test_gpu_kernels (CUDA kernels vs CPU references)"
+timeout 120 "$bin/test_gpu_kernels" --gtest_output="xml:$out/test_gpu_kernels.xml" || rc=1
+
+step "test_gpu (GPU decoder vs CPU decoder, stories260K greedy, streamed == resident)"
+timeout 180 "$bin/test_gpu" --gtest_output="xml:$out/test_gpu.xml" || rc=1
+
+if [[ "${KVBOOST_GPU_CHECK_BENCH:-1}" == "1" ]]; then
+  models=/tmp/kvboost_gpu_models
+  mkdir -p "$models"
+  if [[ "${KVBOOST_GPU_CHECK_SMALL:-0}" == "1" ]]; then
+    q05=(--preset qwen2.5-0.5b --layers 4 --hidden 128 --intermediate 256 --heads 2 --vocab 1000)
+    q15=(--preset qwen2.5-0.5b --layers 4 --hidden 256 --intermediate 384 --heads 4 --vocab 1000)
+  else
+    q05=(--preset qwen2.5-0.5b)
+    # Qwen2.5-1.5B's shape: hidden 1536, intermediate 8960, 28 layers, 12 heads, 2 KV heads, tied.
+    q15=(--preset qwen2.5-0.5b --hidden 1536 --intermediate 8960 --layers 28 --heads 12 --kv-heads 2)
+  fi
+  step "fixtures (bf16, random weights)"
+  timeout 150 "$bin/kvboost-fixture" "${q05[@]}" --tokenizer-kind none --out "$models/q05" &
+  p1=$!
+  timeout 150 "$bin/kvboost-fixture" "${q15[@]}" --tokenizer-kind none --out "$models/q15" &
+  p2=$!
+  wait $p1 || rc=1
+  wait $p2 || rc=1
+  du -sh "$models"/*
+
+  step "gpu_stream_bench (resident vs streamed with a quarter of the layers)"
+  timeout 240 "$bin/gpu_stream_bench" --model "$models/q05" --model "$models/q15" --prompt 512 --context 128 \
+    --decode 32 --reps 3 | tee "$out/gpu_stream_bench.txt" || rc=1
+fi
+
+step "done, rc=$rc"
+exit $rc
