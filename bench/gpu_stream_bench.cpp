@@ -8,8 +8,9 @@
 //     compute-only time (the resident step): overlap = (copy + compute - streamed) / min(copy,
 //     compute), 1 = the shorter one hidden completely.
 // Medians of --reps runs; everything in one process. Usage:
-//   gpu_stream_bench --model DIR [--model DIR ...] [--slots S] [--prompt 512] [--context 128]
+//   gpu_stream_bench --model DIR [--model DIR ...] [--slots S ...] [--prompt 512] [--context 128]
 //                    [--decode 32] [--reps 3]
+// --slots may repeat; 0 (the default) is a quarter of the model's layers.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -80,7 +81,8 @@ Timing measure(gpu::Decoder& d, int64_t vocab, int64_t prompt, int64_t context, 
 
 int main(int argc, char** argv) {
   std::vector<std::string> models;
-  int64_t slots = 0, prompt = 512, context = 128, n_decode = 32;
+  std::vector<int64_t> slot_list;
+  int64_t prompt = 512, context = 128, n_decode = 32;
   int reps = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -92,7 +94,7 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--model") models.push_back(next());
-    else if (a == "--slots") slots = std::stoll(next());
+    else if (a == "--slots") slot_list.push_back(std::stoll(next()));
     else if (a == "--prompt") prompt = std::stoll(next());
     else if (a == "--context") context = std::stoll(next());
     else if (a == "--decode") n_decode = std::stoll(next());
@@ -103,6 +105,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (slot_list.empty()) slot_list.push_back(0);
   if (models.empty()) {
     std::fprintf(stderr, "gpu_stream_bench: no --model given\n");
     return 2;
@@ -112,54 +115,53 @@ int main(int argc, char** argv) {
     std::printf("device: %s (sm_%d%d, %d SMs, %.1f GiB)\n", di.name.c_str(), di.cc_major, di.cc_minor, di.sm_count,
                 double(di.total_bytes) / (1u << 30));
     const double limit = gpu::pinned_h2d_gbps(size_t(256) << 20, 7);
-    std::printf("pinned H2D copy bandwidth (256 MiB cudaMemcpyAsync, median of 7): %.2f GB/s\n\n", limit);
+    std::printf("pinned H2D copy bandwidth (4 x 256 MiB cudaMemcpyAsync back to back, median of 7): %.2f GB/s\n\n", limit);
     for (const std::string& dir : models) {
       LoadOptions lo;
       auto model = Model::load(dir, lo);
       const ModelConfig& c = model->config();
-      const int64_t S = slots > 0 ? slots : std::max<int64_t>(2, c.n_layers / 4);
       gpu::DecoderOptions ro;
       ro.max_tokens = std::max(prompt, context + n_decode) + 64;
       ro.max_batch = prompt;
       std::printf("model %s: %s, hidden %lld, intermediate %lld, %lld layers, %lld/%lld heads, vocab %lld\n",
                   dir.c_str(), c.model_type.c_str(), (long long)c.hidden_size, (long long)c.intermediate_size,
                   (long long)c.n_layers, (long long)c.n_heads, (long long)c.n_kv_heads, (long long)c.vocab_size);
-      Timing res, str;
-      double copy_ms = 0, layer_mb = 0, dev_res_gb = 0, dev_str_gb = 0;
+      Timing res;
+      double layer_mb = 0, dev_res_gb = 0;
       {
         auto d = gpu::Decoder::create(*model, ro);
         layer_mb = double(d->layer_bytes()) / 1e6;
         dev_res_gb = double(d->device_weight_bytes()) / 1e9;
         res = measure(*d, c.vocab_size, prompt, context, n_decode, reps);
       }
-      {
+      std::printf("  layer weights: %.1f MB per layer, %.3f GB in all; device weight bytes resident: %.3f GB\n",
+                  layer_mb, layer_mb * double(c.n_layers) / 1e3, dev_res_gb);
+      std::printf("  %-30s %10s %10s %10s %10s %9s %8s %9s %9s %8s\n", "", "prefill", "decode", "decode", "device",
+                  "MB/token", "H2D", "of limit", "copy-only", "overlap");
+      std::printf("  %-30s %10s %10s %10s %10s %9s %8s %9s %9s %8s\n", "", "tok/s", "tok/s", "ms/token", "weights GB",
+                  "copied", "GB/s", "", "ms/token", "");
+      std::printf("  %-30s %10.0f %10.1f %10.3f %10.3f\n", "resident", res.prefill_tps, res.decode_tps, res.decode_ms,
+                  dev_res_gb);
+      for (int64_t want : slot_list) {
+        const int64_t S = want > 0 ? want : std::max<int64_t>(2, c.n_layers / 4);
         gpu::DecoderOptions so = ro;
         so.stream_slots = S;
         auto d = gpu::Decoder::create(*model, so);
-        dev_str_gb = double(d->device_weight_bytes()) / 1e9;
-        str = measure(*d, c.vocab_size, prompt, context, n_decode, reps);
-        copy_ms = d->time_layer_copies(reps);
+        const double dev_gb = double(d->device_weight_bytes()) / 1e9;
+        const Timing str = measure(*d, c.vocab_size, prompt, context, n_decode, reps);
+        const double copy_ms = d->time_layer_copies(reps);
+        const double achieved = str.bytes_per_token / (str.decode_ms * 1e6);
+        const double compute_ms = res.decode_ms;
+        // 1 = the shorter of copy and compute completely hidden behind the longer one.
+        const double overlap = (copy_ms + compute_ms - str.decode_ms) / std::min(copy_ms, compute_ms);
+        char label[64];
+        std::snprintf(label, sizeof label, "streamed, %lld of %lld slots", (long long)S, (long long)c.n_layers);
+        std::printf("  %-30s %10.0f %10.1f %10.3f %10.3f %9.1f %8.2f %8.0f%% %9.3f %7.0f%%\n", label, str.prefill_tps,
+                    str.decode_tps, str.decode_ms, dev_gb, str.bytes_per_token / 1e6, achieved, 100 * achieved / limit,
+                    copy_ms, 100 * overlap);
+        std::fflush(stdout);
       }
-      const double layers_gb = layer_mb * double(c.n_layers) / 1e3;
-      const double achieved = str.bytes_per_token / (str.decode_ms * 1e6);
-      const double compute_ms = res.decode_ms;
-      const double overlap = (copy_ms + compute_ms - str.decode_ms) / std::min(copy_ms, compute_ms);
-      std::printf("  layer weights: %.1f MB per layer, %.3f GB in all; device weight bytes: resident %.3f GB, "
-                  "streamed (%lld slots) %.3f GB\n",
-                  layer_mb, layers_gb, dev_res_gb, (long long)S, dev_str_gb);
-      std::printf("  %-28s %12s %12s %12s\n", "", "prefill", "decode", "decode");
-      std::printf("  %-28s %12s %12s %12s\n", "", "tok/s", "tok/s", "ms/token");
-      std::printf("  %-28s %12.0f %12.1f %12.3f\n", "resident", res.prefill_tps, res.decode_tps, res.decode_ms);
-      char label[64];
-      std::snprintf(label, sizeof label, "streamed, %lld/%lld slots", (long long)S, (long long)c.n_layers);
-      std::printf("  %-28s %12.0f %12.1f %12.3f\n", label, str.prefill_tps, str.decode_tps, str.decode_ms);
-      std::printf("  streamed decode: %.1f MB copied per token, achieved H2D %.2f GB/s = %.0f%% of the %.2f GB/s "
-                  "pinned limit\n",
-                  str.bytes_per_token / 1e6, achieved, 100 * achieved / limit, limit);
-      std::printf("  overlap: streamed %.3f ms/token vs copy-only %.3f ms + compute-only %.3f ms (sum %.3f): "
-                  "%.0f%% of the shorter hidden; streamed = %.2fx the copy-only time\n\n",
-                  str.decode_ms, copy_ms, compute_ms, copy_ms + compute_ms, 100 * overlap, str.decode_ms / copy_ms);
-      std::fflush(stdout);
+      std::printf("\n");
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "gpu_stream_bench: %s\n", e.what());

@@ -109,7 +109,17 @@ if [[ "${KVBOOST_GPU_CHECK_BENCH:-1}" == "1" ]]; then
 
   step "gpu_stream_bench (resident vs streamed with a quarter of the layers)"
   timeout 240 "$bin/gpu_stream_bench" --model "$models/q05" --model "$models/q15" --prompt 512 --context 128 \
-    --decode 32 --reps 3 | tee "$out/gpu_stream_bench.txt" || rc=1
+    --decode 32 --reps 3 --slots 0 --slots 2 | tee "$out/gpu_stream_bench.txt" || rc=1
+fi
+
+if [[ "${KVBOOST_GPU_CHECK_SANITIZE:-1}" == "1" ]]; then
+  san="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)"
+  step "compute-sanitizer memcheck (kernels; bf16 decoder, streamed) ${san:-not found}"
+  if [[ -n "$san" ]]; then
+    timeout 100 "$san" --tool memcheck --error-exitcode 3 "$bin/test_gpu_kernels" --gtest_brief=1 || rc=1
+    timeout 100 "$san" --tool memcheck --error-exitcode 3 "$bin/test_gpu" --gtest_brief=1 \
+      --gtest_filter='GpuDecoder.Qwen2Bf16BiasMatchesCpu:GpuDecoder.StreamedIsBitIdenticalToResident' || rc=1
+  fi
 fi
 
 step "done, rc=$rc"

@@ -31,8 +31,8 @@ struct DeviceInfo {
 DeviceInfo device_info(int device = 0);
 
 // Host -> device copy bandwidth in GB/s (1e9 bytes/s) from pinned (cudaHostAlloc) memory with
-// cudaMemcpyAsync: `bytes` per copy, the median of `reps` timed copies after one warm-up. The
-// ceiling that layer streaming is measured against.
+// cudaMemcpyAsync: `bytes` per copy, four copies queued back to back per timing, the median of
+// `reps` timings after one warm-up. The ceiling that layer streaming is measured against.
 double pinned_h2d_gbps(size_t bytes, int reps = 5, int device = 0);
 
 struct DecoderOptions {

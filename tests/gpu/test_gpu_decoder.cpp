@@ -160,7 +160,9 @@ TEST(GpuDecoder, AllLogitsMatchLastTokenLogits) {
   d->forward(p.data(), n, all.data(), true);
   d->reset();
   d->forward(p.data(), n, last.data());
-  EXPECT_EQ(0, std::memcmp(all.data() + (n - 1) * V, last.data(), size_t(V) * 4));
+  // Not bit-identical: the lm_head matmul over 12 rows and over 1 row may be different cuBLAS kernels.
+  const std::vector<float> last_of_all(all.end() - V, all.end());
+  EXPECT_LE(rel_err(last_of_all, last), kTight);
   KvCache kv(m->config(), n);
   std::vector<float> cpu(size_t(n * V));
   m->forward(p.data(), n, kv, cpu.data(), true);

@@ -142,17 +142,28 @@ __global__ void gemv_kernel(const float* __restrict__ x, const uint16_t* __restr
 #pragma unroll
   for (int m = 0; m < kGemvMaxM; ++m) acc[m] = 0.0f;
   if (K % 8 == 0) {
-    for (int64_t k0 = int64_t(lane) * 8; k0 < K; k0 += 256) {
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(wr + k0));
-      float wf[8];
-      unpack8(raw, bf16, wf);
+    // Four 16-byte weight loads in flight per lane before the first use (a warp covers 1024
+    // weights per step): one load at a time left decode latency-bound.
+    constexpr int kUnroll = 4;
+    for (int64_t k0 = int64_t(lane) * 8; k0 < K; k0 += 256 * kUnroll) {
+      uint4 raw[kUnroll];
 #pragma unroll
-      for (int m = 0; m < kGemvMaxM; ++m) {
-        if (m < M) {
-          const float4 a = *reinterpret_cast<const float4*>(x + m * K + k0);
-          const float4 b = *reinterpret_cast<const float4*>(x + m * K + k0 + 4);
-          acc[m] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
-                    wf[6] * b.z + wf[7] * b.w;
+      for (int u = 0; u < kUnroll; ++u)
+        if (k0 + u * 256 < K) raw[u] = __ldg(reinterpret_cast<const uint4*>(wr + k0 + u * 256));
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t kk = k0 + u * 256;
+        if (kk >= K) break;
+        float wf[8];
+        unpack8(raw[u], bf16, wf);
+#pragma unroll
+        for (int m = 0; m < kGemvMaxM; ++m) {
+          if (m < M) {
+            const float4 a = *reinterpret_cast<const float4*>(x + m * K + kk);
+            const float4 b = *reinterpret_cast<const float4*>(x + m * K + kk + 4);
+            acc[m] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
+                      wf[6] * b.z + wf[7] * b.w;
+          }
         }
       }
     }
