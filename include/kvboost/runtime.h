@@ -27,6 +27,10 @@ struct SamplingParams {
   std::optional<float> top_p;        // 1 = off
   std::optional<float> min_p;        // 0 = off
   std::optional<float> repetition_penalty;  // 1 = off
+  // OpenAI's penalties over the tokens generated so far (not the prompt), in [-2, 2]:
+  // logit[t] -= presence_penalty * (count[t] > 0) + frequency_penalty * count[t]. 0 = off.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   uint64_t seed = 0;                 // same seed, same prompt, same options: same output
 };
 
@@ -37,6 +41,8 @@ struct SamplerConfig {
   float top_p = 1.0f;
   float min_p = 0.0f;
   float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   uint64_t seed = 0;
 };
 SamplerConfig resolve_sampling(const SamplingParams& p, const GenerationDefaults& d);
@@ -47,14 +53,16 @@ void validate_sampling(const SamplerConfig& c);
 class Sampler {
  public:
   explicit Sampler(const SamplerConfig& cfg);
-  // logits: [vocab], modified in place. history: ids the repetition penalty applies to.
-  int32_t sample(float* logits, int64_t vocab, const std::vector<int32_t>& history);
+  // logits: [vocab], modified in place. history: ids the repetition penalty applies to (prompt
+  // and output); history[n_prompt..] are the generated ids the presence/frequency penalties count.
+  int32_t sample(float* logits, int64_t vocab, const std::vector<int32_t>& history, size_t n_prompt = 0);
   const SamplerConfig& config() const { return cfg_; }
 
  private:
   SamplerConfig cfg_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;
+  std::vector<std::pair<int32_t, int32_t>> counts_;  // (id, count) scratch for the penalties
 };
 
 // How a prompt reuses cached K/V beyond its exact cached prefix (chunk-level reuse).
@@ -79,6 +87,18 @@ struct ReusePolicy {
   bool pin = false;             // stored chunks stay in RAM (Engine::warm)
 };
 
+// A generated token's log-probability under the model: log-softmax of the raw logits (before
+// penalties, temperature and truncation, as OpenAI and vLLM report them), with the most likely
+// alternatives at that step.
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // (id, logprob), most likely first
+};
+// The TokenLogprob of `id` over one row of logits, with the top_n most likely tokens (ties: lower
+// id first). Sums in double; one pass over the row plus a heap of top_n.
+TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t id, int top_n);
+
 struct GenerateOptions {
   int max_new_tokens = 256;
   SamplingParams sampling;
@@ -95,6 +115,10 @@ struct GenerateOptions {
   // sampled ones, and on_logits sees the logits that preceded each.
   std::vector<int32_t> forced_output;
   std::function<void(const float* logits, int64_t vocab)> on_logits;
+  // -1: off. k in [0, 20]: record each generated token's log-probability and its k most likely
+  // alternatives in GenerateResult::logprobs, and pass each to on_logprob (before on_text).
+  int logprobs = -1;
+  std::function<void(const TokenLogprob&)> on_logprob;
   // Called with each piece of final text as it is produced; return false to stop early.
   // With Engine::submit it runs on the thread that calls Engine::step.
   std::function<bool(std::string_view)> on_text;
@@ -104,6 +128,7 @@ struct GenerateResult {
   std::string text;                    // generated text (prompt excluded, stop string excluded)
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> output_ids;     // generated ids, the stop/eos id included if sampled
+  std::vector<TokenLogprob> logprobs;  // one per output id when GenerateOptions::logprobs >= 0
   std::string finish_reason;           // "stop" (eos or stop string), "length", "cancelled", "error"
   std::string error;                   // finish_reason "error": why
   int64_t n_cached = 0;                // prompt tokens whose K/V came from the exact prefix cache

@@ -29,6 +29,8 @@ struct ServerOptions {
   int64_t max_prompt_tokens = 0;     // 0 = the context length - 1
   int64_t max_queue = 64;            // requests waiting beyond those running; more: 503
   int max_connections = 512;         // open connections; more: 503 at once
+  double keep_alive_s = 5;           // an idle persistent connection is closed after this; 0: one
+                                     // request per connection
   double timeout_s = 600;            // per request, from arrival to last token; then cancelled
   double shutdown_grace_s = 30;      // stop(): in-flight requests get this long to finish
   bool log_requests = false;         // one line per request on stderr

@@ -19,7 +19,7 @@ struct ServeArgs {
   std::vector<std::string> api_keys;
   int port = 8000;
   int64_t max_batch = 16, max_queue = 64, prefill_chunk = 512, max_prompt_tokens = 0;
-  double timeout_s = 600, grace_s = 30;
+  double timeout_s = 600, grace_s = 30, keep_alive_s = 5;
   std::string max_body = "8MiB";
   int threads = 0;
   int64_t block_size = 16;
@@ -81,6 +81,7 @@ void run_serve(const ServeArgs& a) {
   so.max_prompt_tokens = a.max_prompt_tokens;
   so.max_queue = a.max_queue;
   so.timeout_s = a.timeout_s;
+  so.keep_alive_s = a.keep_alive_s;
   so.shutdown_grace_s = a.grace_s;
   so.log_requests = a.log_requests;
   Server server(*engine, so);
@@ -117,6 +118,8 @@ void add_serve(CLI::App& app) {
   c->add_option("--max-prompt-tokens", a->max_prompt_tokens, "Longest prompt accepted (0: the context length - 1)")
       ->capture_default_str();
   c->add_option("--max-body", a->max_body, "Largest request body (larger: 413)")->capture_default_str();
+  c->add_option("--keep-alive", a->keep_alive_s, "Seconds an idle persistent connection stays open (0: one request per connection)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   c->add_option("--timeout", a->timeout_s, "Seconds a request may take before it is cancelled")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("--shutdown-grace", a->grace_s, "Seconds in-flight requests get to finish on SIGINT/SIGTERM")
       ->capture_default_str()

@@ -122,6 +122,7 @@ std::shared_ptr<Request> Engine::submit(std::vector<int32_t> ids, GenerateOption
     if (s <= 0 || s >= int64_t(ids.size()) || (i > 0 && s <= opt.segment_starts[i - 1]))
       fail("segment start ", s, " (index ", i, ") must be increasing and inside (0, ", ids.size(), ")");
   }
+  if (opt.logprobs < -1 || opt.logprobs > 20) fail("logprobs = ", opt.logprobs, " is out of range (-1 = off, or 0..20)");
   const SamplerConfig sc = resolve_sampling(opt.sampling, cfg.generation);
   validate_sampling(sc);
   auto st = std::make_unique<Request::State>(std::move(ids), std::move(opt), sc, tok_);
@@ -225,8 +226,16 @@ void Engine::after_logits(Request::State& r, float* logits) {
     kv_->commit_full_blocks(r.seq, std::span<const int32_t>(r.history.data(), n));
   }
   if (r.opt.on_logits) r.opt.on_logits(logits, cfg.vocab_size);
+  // The sampler's penalties change logits in place; log-probabilities are of the raw ones.
+  if (r.opt.logprobs >= 0) r.raw_logits.assign(logits, logits + cfg.vocab_size);
   const int32_t tok = r.forced_next < r.opt.forced_output.size() ? r.opt.forced_output[r.forced_next++]
-                                                                  : r.sampler.sample(logits, cfg.vocab_size, r.history);
+                                                                  : r.sampler.sample(logits, cfg.vocab_size, r.history, r.prompt.size());
+  if (r.opt.logprobs >= 0) {
+    TokenLogprob lp = token_logprob(r.raw_logits.data(), cfg.vocab_size, tok, r.opt.logprobs);
+    if (r.opt.on_logprob) r.opt.on_logprob(lp);
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.res.logprobs.push_back(std::move(lp));
+  }
   std::string text;
   const char* end = nullptr;
   bool cancelled = false;

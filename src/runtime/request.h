@@ -41,6 +41,7 @@ struct Request::State {
   // may become prefix-cache entries.
   int64_t exact_limit = INT64_MAX;
   std::vector<float> logits;       // [vocab]
+  std::vector<float> raw_logits;   // [vocab] copy before sampling (GenerateOptions::logprobs)
   // Chunk plan of the prompt (reuse.cpp): spans, keys, and where each chunk's K/V came from.
   enum class ChunkSrc : uint8_t { kBlockCache, kStorePrefix, kStoreContent, kComputed };
   std::vector<kv::ChunkSpan> chunks;

@@ -18,6 +18,8 @@ SamplerConfig resolve_sampling(const SamplingParams& p, const GenerationDefaults
   c.top_p = p.top_p.value_or(d.do_sample ? d.top_p : 1.0f);
   c.min_p = p.min_p.value_or(0.0f);
   c.repetition_penalty = p.repetition_penalty.value_or(d.repetition_penalty);
+  c.presence_penalty = p.presence_penalty;
+  c.frequency_penalty = p.frequency_penalty;
   c.seed = p.seed;
   return c;
 }
@@ -30,11 +32,50 @@ void validate_sampling(const SamplerConfig& c) {
   if (!(c.min_p >= 0.0f && c.min_p <= 1.0f)) fail("min_p = ", c.min_p, " is out of range [0, 1]");
   if (!(c.repetition_penalty > 0.0f) || !std::isfinite(c.repetition_penalty))
     fail("repetition_penalty = ", c.repetition_penalty, " is out of range (must be > 0)");
+  if (!(c.presence_penalty >= -2.0f && c.presence_penalty <= 2.0f))
+    fail("presence_penalty = ", c.presence_penalty, " is out of range [-2, 2]");
+  if (!(c.frequency_penalty >= -2.0f && c.frequency_penalty <= 2.0f))
+    fail("frequency_penalty = ", c.frequency_penalty, " is out of range [-2, 2]");
+}
+
+TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t id, int top_n) {
+  if (id < 0 || id >= vocab) fail("token_logprob: id ", id, " is outside the vocabulary of ", vocab);
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, logits[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - double(mx));
+  const double lse = double(mx) + std::log(sum);
+  TokenLogprob t;
+  t.id = id;
+  t.logprob = float(double(logits[id]) - lse);
+  if (top_n > 0) {
+    // Min-heap of the best top_n (worst on top): a better candidate has a larger logit, or the
+    // same logit and a smaller id.
+    auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
+    std::vector<std::pair<float, int32_t>> heap;
+    heap.reserve(size_t(top_n) + 1);
+    for (int64_t i = 0; i < vocab; ++i) {
+      const std::pair<float, int32_t> c{logits[i], int32_t(i)};
+      if (heap.size() < size_t(top_n)) {
+        heap.push_back(c);
+        std::push_heap(heap.begin(), heap.end(), better);
+      } else if (better(c, heap.front())) {
+        std::pop_heap(heap.begin(), heap.end(), better);
+        heap.back() = c;
+        std::push_heap(heap.begin(), heap.end(), better);
+      }
+    }
+    std::sort(heap.begin(), heap.end(), better);
+    for (const auto& [l, i] : heap) t.top.emplace_back(i, float(double(l) - lse));
+  }
+  return t;
 }
 
 Sampler::Sampler(const SamplerConfig& cfg) : cfg_(cfg), rng_(cfg.seed) { validate_sampling(cfg); }
 
-int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>& history) {
+int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>& history, size_t n_prompt) {
   if (cfg_.repetition_penalty != 1.0f) {
     // HF RepetitionPenaltyLogitsProcessor: each distinct seen id once; divide positive
     // logits, multiply negative ones.
@@ -43,6 +84,20 @@ int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>
       if (id < 0 || id >= vocab) continue;
       float& l = logits[id];
       l = l < 0 ? l * cfg_.repetition_penalty : l / cfg_.repetition_penalty;
+    }
+  }
+  if ((cfg_.presence_penalty != 0.0f || cfg_.frequency_penalty != 0.0f) && history.size() > n_prompt) {
+    // OpenAI / vLLM: over the generated tokens only, additive, after the repetition penalty.
+    counts_.clear();
+    for (size_t i = n_prompt; i < history.size(); ++i) counts_.emplace_back(history[i], 1);
+    std::sort(counts_.begin(), counts_.end());
+    for (size_t i = 0; i < counts_.size();) {
+      size_t j = i;
+      while (j < counts_.size() && counts_[j].first == counts_[i].first) ++j;
+      const int32_t id = counts_[i].first;
+      if (id >= 0 && id < vocab)
+        logits[id] -= cfg_.presence_penalty + cfg_.frequency_penalty * float(j - i);
+      i = j;
     }
   }
   if (cfg_.temperature == 0.0f) return int32_t(kernels::argmax(logits, vocab));

@@ -143,9 +143,8 @@ void parse_common(const ojson& body, const ApiContext& ctx, ParsedRequest& p) {
     if (*r <= 0) bad("'repetition_penalty' must be > 0", "repetition_penalty", "invalid_value");
     s.repetition_penalty = float(*r);
   }
-  for (const char* pen : {"presence_penalty", "frequency_penalty"})
-    if (auto v = get_number(body, pen, -2.0, 2.0); v && *v != 0)
-      bad(std::string("'") + pen + "' is not supported (only 0); use 'repetition_penalty'", pen, "unsupported_parameter");
+  if (auto v = get_number(body, "presence_penalty", -2.0, 2.0)) s.presence_penalty = float(*v);
+  if (auto v = get_number(body, "frequency_penalty", -2.0, 2.0)) s.frequency_penalty = float(*v);
   if (const ojson* v = field(body, "seed")) {
     if (v->is_number_unsigned()) s.seed = v->get<uint64_t>();
     else if (v->is_number_integer()) s.seed = uint64_t(v->get<int64_t>());
@@ -275,9 +274,12 @@ ParsedRequest parse_completion(const ojson& body, const ApiContext& ctx) {
   ParsedRequest p;
   check_model(body, ctx);
   parse_common(body, ctx, p);
-  if (const ojson* v = field(body, "logprobs"); v && !(v->is_number() && v->get<double>() == 0))
-    bad("'logprobs' is not supported by this server", "logprobs", "unsupported_parameter");
+  // logprobs: the sampled token's log-probability plus this many alternatives (OpenAI allows 5;
+  // like vLLM we allow up to 20).
+  if (auto k = get_int(body, "logprobs", 0, 20)) p.opt.logprobs = int(*k);
   p.echo = get_bool(body, "echo").value_or(false);
+  if (p.echo && p.opt.logprobs >= 0)
+    bad("'logprobs' with 'echo' (log-probabilities of the prompt) is not supported", "logprobs", "unsupported_parameter");
   // segments (extension): RAG documents tokenized one by one and concatenated before the prompt;
   // their starts become segment boundaries, so each document's K/V is a reusable chunk.
   std::vector<std::string> segments;
@@ -344,9 +346,10 @@ ParsedRequest parse_chat(const ojson& body, const ApiContext& ctx) {
   p.chat = true;
   check_model(body, ctx);
   parse_common(body, ctx, p);
-  if (auto lp = get_bool(body, "logprobs"); lp && *lp)
-    bad("'logprobs' is not supported by this server", "logprobs", "unsupported_parameter");
-  if (field(body, "top_logprobs")) bad("'top_logprobs' is not supported by this server", "top_logprobs", "unsupported_parameter");
+  const bool lp = get_bool(body, "logprobs").value_or(false);
+  const auto top = get_int(body, "top_logprobs", 0, 20);
+  if (top && !lp) bad("'top_logprobs' requires 'logprobs': true", "top_logprobs", "invalid_value");
+  if (lp) p.opt.logprobs = int(top.value_or(0));
   if (field(body, "segments")) bad("'segments' is supported on /v1/completions only", "segments", "unsupported_parameter");
   const ojson* msgs = field(body, "messages");
   if (!msgs) bad("'messages' is required", "messages", "missing_required_parameter");
@@ -465,10 +468,84 @@ ojson kvboost_json(const GenerateResult& r) {
   return k;
 }
 
+namespace {
+// A token's text as the client sees it, and its bytes (a byte-level token may hold part of a
+// UTF-8 character: then the text has U+FFFD where the bytes are incomplete, and `bytes` is exact).
+std::string token_text(const Tokenizer& tok, int32_t id) { return tok.decode({id}, false); }
+
+ojson bytes_json(const std::string& s) {
+  ojson b = ojson::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
+std::string valid_utf8(const std::string& s) {
+  // nlohmann would throw on invalid UTF-8 in a string value; replace each bad byte by U+FFFD.
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    if (ok) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+ojson logprobs_json(const std::vector<TokenLogprob>& lps, bool chat, const Tokenizer& tok, size_t text_offset) {
+  if (chat) {
+    ojson content = ojson::array();
+    for (const TokenLogprob& t : lps) {
+      const std::string s = token_text(tok, t.id);
+      ojson e;
+      e["token"] = valid_utf8(s);
+      e["logprob"] = t.logprob;
+      e["bytes"] = bytes_json(s);
+      ojson top = ojson::array();
+      for (const auto& [id, lp] : t.top) {
+        const std::string ts = token_text(tok, id);
+        top.push_back(ojson{{"token", valid_utf8(ts)}, {"logprob", lp}, {"bytes", bytes_json(ts)}});
+      }
+      e["top_logprobs"] = top;
+      content.push_back(e);
+    }
+    ojson o;
+    o["content"] = content;
+    o["refusal"] = nullptr;
+    return o;
+  }
+  ojson tokens = ojson::array(), token_lps = ojson::array(), tops = ojson::array(), offsets = ojson::array();
+  for (const TokenLogprob& t : lps) {
+    const std::string s = token_text(tok, t.id);
+    tokens.push_back(valid_utf8(s));
+    token_lps.push_back(t.logprob);
+    offsets.push_back(text_offset);
+    text_offset += s.size();
+    // OpenAI: the top alternatives, plus the sampled token when it is not among them.
+    ojson top = ojson::object();
+    for (const auto& [id, lp] : t.top) top[valid_utf8(token_text(tok, id))] = lp;
+    if (!top.contains(valid_utf8(s))) top[valid_utf8(s)] = t.logprob;
+    tops.push_back(top);
+  }
+  ojson o;
+  o["tokens"] = tokens;
+  o["token_logprobs"] = token_lps;
+  o["top_logprobs"] = tops;
+  o["text_offset"] = offsets;
+  return o;
+}
+
 std::string finish_reason_of(const GenerateResult& r) { return r.finish_reason == "stop" ? "stop" : "length"; }
 
 ojson completion_body(const std::string& id, int64_t created, const std::string& model, const ParsedRequest& p,
-                      const GenerateResult& r) {
+                      const GenerateResult& r, const Tokenizer* tok) {
   ojson choice;
   choice["index"] = 0;
   if (p.chat) {
@@ -479,7 +556,7 @@ ojson completion_body(const std::string& id, int64_t created, const std::string&
   } else {
     choice["text"] = p.echo ? p.prompt_text + r.text : r.text;
   }
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = tok && p.opt.logprobs >= 0 ? logprobs_json(r.logprobs, p.chat, *tok, 0) : ojson(nullptr);
   choice["finish_reason"] = finish_reason_of(r);
   ojson o;
   o["id"] = id;
@@ -493,11 +570,11 @@ ojson completion_body(const std::string& id, int64_t created, const std::string&
 }
 
 ojson completion_chunk(const std::string& id, int64_t created, const std::string& model, const std::string& text,
-                       const std::string& finish_reason) {
+                       const std::string& finish_reason, const ojson& logprobs) {
   ojson choice;
   choice["index"] = 0;
   choice["text"] = text;
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = logprobs;
   choice["finish_reason"] = finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason);
   ojson o;
   o["id"] = id;
@@ -509,11 +586,11 @@ ojson completion_chunk(const std::string& id, int64_t created, const std::string
 }
 
 ojson chat_chunk(const std::string& id, int64_t created, const std::string& model, const ojson& delta,
-                 const std::string& finish_reason) {
+                 const std::string& finish_reason, const ojson& logprobs) {
   ojson choice;
   choice["index"] = 0;
   choice["delta"] = delta;
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = logprobs;
   choice["finish_reason"] = finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason);
   ojson o;
   o["id"] = id;

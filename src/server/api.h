@@ -63,13 +63,19 @@ ojson kvboost_json(const GenerateResult& r);
 // OpenAI's finish_reason for an engine result ("stop" | "length").
 std::string finish_reason_of(const GenerateResult& r);
 
+// OpenAI's logprobs object for generated tokens: chat {"content": [{token, logprob, bytes,
+// top_logprobs}], "refusal": null}; completions {tokens, token_logprobs, top_logprobs (a dict per
+// token: the alternatives plus the sampled token), text_offset (from text_offset on)}.
+ojson logprobs_json(const std::vector<TokenLogprob>& lps, bool chat, const Tokenizer& tok, size_t text_offset);
+
+// tok: for the logprobs object (when the request asked for logprobs).
 ojson completion_body(const std::string& id, int64_t created, const std::string& model, const ParsedRequest& p,
-                      const GenerateResult& r);
+                      const GenerateResult& r, const Tokenizer* tok = nullptr);
 // One streamed chunk: `text` (completions) or a delta (chat). finish_reason "" = null.
 ojson completion_chunk(const std::string& id, int64_t created, const std::string& model, const std::string& text,
-                       const std::string& finish_reason);
+                       const std::string& finish_reason, const ojson& logprobs = nullptr);
 ojson chat_chunk(const std::string& id, int64_t created, const std::string& model, const ojson& delta,
-                 const std::string& finish_reason);
+                 const std::string& finish_reason, const ojson& logprobs = nullptr);
 ojson usage_chunk(const std::string& id, int64_t created, const std::string& model, bool chat, const GenerateResult& r);
 
 }  // namespace kvboost::server

@@ -122,6 +122,7 @@ ReadStatus HttpConn::read_request(HttpRequest& req, const HttpLimits& lim, std::
     if (why) *why = s;
   };
   std::string data;
+  data.swap(buf_);  // a pipelined request's first bytes
   size_t head_end;
   char tmp[16384];
   for (;;) {
@@ -209,30 +210,42 @@ bool HttpConn::write_all(std::string_view data) {
   while (!data.empty()) {
     const ssize_t n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
+    if (n <= 0) {
+      keep_alive_ = false;
+      return false;
+    }
     data.remove_prefix(size_t(n));
   }
   return true;
 }
 
-static std::string head_of(int status, std::string_view content_type, const Headers& extra) {
+static std::string head_of(int status, std::string_view content_type, const Headers& extra, bool keep_alive) {
   std::string h = "HTTP/1.1 " + std::to_string(status) + " " + status_text(status) + "\r\n";
   if (!content_type.empty()) h += "Content-Type: " + std::string(content_type) + "\r\n";
   for (const auto& [k, v] : extra) h += k + ": " + v + "\r\n";
-  h += "Connection: close\r\n";
+  h += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
   return h;
+}
+
+bool HttpConn::wait_request(int timeout_ms, const std::atomic<bool>* abort) {
+  if (fd_ < 0) return false;
+  if (!buf_.empty()) return true;
+  if (!wait_readable(fd_, now_ms() + timeout_ms, abort)) return false;
+  char c;
+  const ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK);
+  return n > 0;
 }
 
 bool HttpConn::send_response(int status, std::string_view content_type, std::string_view body,
                              const Headers& extra) {
-  std::string h = head_of(status, content_type, extra);
+  std::string h = head_of(status, content_type, extra, keep_alive_);
   h += "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
   h.append(body);
   return write_all(h);
 }
 
 bool HttpConn::begin_stream(int status, std::string_view content_type, const Headers& extra) {
-  std::string h = head_of(status, content_type, extra);
+  std::string h = head_of(status, content_type, extra, keep_alive_);
   h += "Transfer-Encoding: chunked\r\n\r\n";
   return write_all(h);
 }

@@ -1,5 +1,5 @@
 // Internal to kvboost_server: a small HTTP/1.1 server and client on POSIX sockets — exactly what
-// an OpenAI-style API needs: one request per connection (responses say "Connection: close"),
+// an OpenAI-style API needs: persistent connections (HTTP/1.1 keep-alive, one request at a time),
 // Content-Length bodies with a size limit, chunked responses for Server-Sent Events, and a way to
 // notice that the peer went away while a response is still being produced (to cancel its work).
 #pragma once
@@ -61,6 +61,13 @@ class HttpConn {
   bool begin_stream(int status, std::string_view content_type, const Headers& extra = {});
   bool send_chunk(std::string_view data);
   bool end_stream();
+  // Whether responses say "Connection: keep-alive" (the server then reads another request on the
+  // connection) or "Connection: close". Off after a failed write.
+  void set_keep_alive(bool on) { keep_alive_ = on; }
+  bool keep_alive() const { return keep_alive_; }
+  // Waits up to timeout_ms for the start of another request (bytes already buffered count).
+  // False when none came, the peer closed, or *abort became true.
+  bool wait_request(int timeout_ms, const std::atomic<bool>* abort);
   // True when the peer has closed its side or reset the connection (non-blocking check). As in
   // uvicorn, a client that half-closes (shuts down its writing side) counts as gone: no request
   // follows ours on the connection, so EOF can only mean the client is leaving.
@@ -72,7 +79,8 @@ class HttpConn {
  private:
   bool write_all(std::string_view data);
   int fd_;
-  std::string buf_;  // bytes read past the request (none are expected: no pipelining)
+  bool keep_alive_ = false;
+  std::string buf_;  // bytes read past the request: the start of the next one (pipelining)
 };
 
 // A listening TCP socket.

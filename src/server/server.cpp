@@ -43,6 +43,7 @@ struct Channel {
   std::mutex mu;
   std::condition_variable cv;
   std::string pending;
+  std::vector<TokenLogprob> pending_lp;  // logprobs of tokens not yet sent (streaming)
   bool done = false;
 };
 
@@ -58,6 +59,11 @@ int64_t process_rss_bytes() {
   while (std::getline(f, line))
     if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
   return 0;
+}
+
+std::string lower_ascii(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
 }
 
 std::string json_text(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
@@ -288,17 +294,36 @@ struct Server::Impl {
     return "key" + std::to_string(match);
   }
 
+  // Requests on one connection, one at a time, while both sides keep it alive (HTTP/1.1's
+  // default; HTTP/1.0 only with "Connection: keep-alive"). An idle connection is closed after
+  // keep_alive_s (uvicorn's default is 5 s), at shutdown, and after any error that leaves the
+  // connection's state unknown (bad framing, a body not read, a client gone mid-response).
   void serve_connection(HttpConn& c) {
+    for (int n = 0;; ++n) {
+      if (n > 0 && !c.wait_request(int(opt.keep_alive_s * 1000), &stopped)) return;
+      serve_request(c);
+      if (!c.keep_alive() || draining || stopped) return;
+    }
+  }
+
+  void serve_request(HttpConn& c) {
     HttpRequest r;
     server::HttpLimits lim;
     lim.max_body_bytes = opt.max_body_bytes;
     lim.read_timeout_ms = 30'000;
     lim.abort = &stopped;
     std::string why;
+    c.set_keep_alive(false);  // errors before a complete request close the connection
     const server::ReadStatus rs = c.read_request(r, lim, &why);
     using RS = server::ReadStatus;
     switch (rs) {
-      case RS::kOk: break;
+      case RS::kOk: {
+        const std::string conn = lower_ascii(r.header("connection"));
+        const bool ka = r.version == "HTTP/1.1" ? conn.find("close") == std::string::npos
+                                                : conn.find("keep-alive") != std::string::npos;
+        c.set_keep_alive(ka && opt.keep_alive_s > 0 && !draining);
+        break;
+      }
       case RS::kClosed: return;
       case RS::kTooLarge:
         send_error(c, "http", ApiError(413, why, "", "request_too_large"));
@@ -404,6 +429,11 @@ struct Server::Impl {
       ch->cv.notify_all();
       return true;
     };
+    if (p.stream && p.opt.logprobs >= 0)
+      p.opt.on_logprob = [ch](const TokenLogprob& lp) {
+        std::lock_guard<std::mutex> l(ch->mu);
+        ch->pending_lp.push_back(lp);
+      };
     // Tenants never share cache entries: the namespace is the key identity plus the client's salt.
     p.opt.cache_namespace = tenant + '\x1f' + p.cache_salt;
     std::shared_ptr<Request> req;
@@ -437,6 +467,8 @@ struct Server::Impl {
     }
     // Wait for text, forwarding it when streaming; watch the client and the deadline.
     const char* cancel_why = nullptr;
+    std::vector<TokenLogprob> lps;  // streamed logprobs waiting for their text
+    size_t text_offset = 0;
     for (;;) {
       std::string piece;
       bool done;
@@ -444,11 +476,21 @@ struct Server::Impl {
         std::unique_lock<std::mutex> l(ch->mu);
         ch->cv.wait_for(l, std::chrono::milliseconds(25), [&] { return !ch->pending.empty() || ch->done; });
         piece.swap(ch->pending);
+        lps.insert(lps.end(), std::make_move_iterator(ch->pending_lp.begin()), std::make_move_iterator(ch->pending_lp.end()));
+        ch->pending_lp.clear();
         done = ch->done;
       }
-      if (p.stream && streaming_ok && !piece.empty()) {
-        const ojson chunk = p.chat ? server::chat_chunk(id, created_s, model, ojson{{"content", piece}}, "")
-                                   : server::completion_chunk(id, created_s, model, piece, "");
+      // Logprobs travel with the text their tokens produced; tokens whose text is still held back
+      // (part of a UTF-8 character, a possible stop string) wait, and the rest goes out at the end.
+      if (p.stream && streaming_ok && (!piece.empty() || (done && !lps.empty()))) {
+        ojson lp = nullptr;
+        if (!lps.empty()) {
+          lp = server::logprobs_json(lps, p.chat, *ctx.tok, text_offset);
+          for (const TokenLogprob& t : lps) text_offset += ctx.tok->decode({t.id}, false).size();
+          lps.clear();
+        }
+        const ojson chunk = p.chat ? server::chat_chunk(id, created_s, model, ojson{{"content", piece}}, "", lp)
+                                   : server::completion_chunk(id, created_s, model, piece, "", lp);
         streaming_ok = send_event(c, chunk);
       }
       if (done) break;
@@ -481,6 +523,7 @@ struct Server::Impl {
       }
       if (cancel_why[0] == 'd') {
         count(endpoint, 499);  // nginx's "client closed request"
+        c.set_keep_alive(false);
         return;
       }
       const ApiError e = cancel_why[0] == 't'
@@ -523,7 +566,7 @@ struct Server::Impl {
       return;
     }
     if (!p.stream) {
-      send_json(c, endpoint, 200, server::completion_body(id, created_s, model, p, res));
+      send_json(c, endpoint, 200, server::completion_body(id, created_s, model, p, res, ctx.tok));
       return;
     }
     const std::string fr = server::finish_reason_of(res);

@@ -117,6 +117,18 @@ def main():
                                                  extra_body={"top_k": 20, "min_p": 0.05})
         check(sampled.choices[0].finish_reason in ("stop", "length"), "sampling parameters accepted")
 
+        # logprobs through the client's own types (chat: ChoiceLogprobs.content; completions: Logprobs)
+        lr = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, temperature=0,
+                                            logprobs=True, top_logprobs=2, presence_penalty=0.5,
+                                            frequency_penalty=0.5, extra_body={"ignore_eos": True})
+        lc = lr.choices[0].logprobs.content
+        check(len(lc) == 4 and all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in lc), "chat logprobs")
+        cl = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0, logprobs=2,
+                                       extra_body={"ignore_eos": True})
+        lp = cl.choices[0].logprobs
+        check(len(lp.tokens) == 4 and len(lp.token_logprobs) == 4 and "".join(lp.tokens) == cl.choices[0].text,
+              "completion logprobs")
+
         def expect(exc, fn, what):
             try:
                 fn()

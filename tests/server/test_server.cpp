@@ -228,6 +228,145 @@ TEST(Server, StreamingCompletionMatchesNonStreaming) {
   EXPECT_EQ(usage["completion_tokens"], 12);
 }
 
+// Logprobs: each token's logprob is log-softmax of the model's logits (checked against a direct
+// forward pass), the sampled token is the argmax under greedy decoding, the top list is sorted and
+// holds the sampled token first; streamed logprobs equal the non-streamed ones.
+TEST(Server, CompletionLogprobs) {
+  TestServer s(tiny_engine());
+  json req = completion_req("Once upon a time", 6);
+  req["logprobs"] = 3;
+  const json b = body_of(s.post("/v1/completions", req));
+  const json& lp = b["choices"][0]["logprobs"];
+  ASSERT_TRUE(lp.is_object()) << b.dump();
+  ASSERT_EQ(lp["tokens"].size(), 6u);
+  ASSERT_EQ(lp["token_logprobs"].size(), 6u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 6u);
+  ASSERT_EQ(lp["text_offset"].size(), 6u);
+  std::string joined;
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), joined.size());
+    joined += lp["tokens"][i].get<std::string>();
+    const double l = lp["token_logprobs"][i];
+    EXPECT_LE(l, 0.0);
+    const json& top = lp["top_logprobs"][i];
+    ASSERT_TRUE(top.is_object());
+    EXPECT_GE(top.size(), 1u);
+    EXPECT_LE(top.size(), 4u);  // 3 alternatives (+ the sampled token when not among them: never, greedy)
+    double best = -1e30;
+    for (const auto& [k, v] : top.items()) best = std::max(best, v.get<double>());
+    EXPECT_NEAR(l, best, 1e-6) << "greedy picks the most likely token";
+  }
+  EXPECT_EQ(joined, b["choices"][0]["text"].get<std::string>());
+
+  // The first token's logprob against the model directly: log-softmax of the prompt's last logits.
+  const Engine& e = tiny_engine();
+  const std::vector<int32_t> ids = e.tokenizer().encode("Once upon a time");
+  KvCache kv(e.model().config(), 64);
+  std::vector<float> logits(size_t(e.model().config().vocab_size));
+  e.model().forward(ids.data(), int64_t(ids.size()), kv, logits.data());
+  double mx = -1e30, sum = 0;
+  for (float x : logits) mx = std::max(mx, double(x));
+  for (float x : logits) sum += std::exp(double(x) - mx);
+  const int64_t first = std::max_element(logits.begin(), logits.end()) - logits.begin();
+  EXPECT_NEAR(lp["token_logprobs"][0].get<double>(), double(logits[size_t(first)]) - mx - std::log(sum), 1e-4);
+
+  req["stream"] = true;
+  HttpStream st;
+  ASSERT_TRUE(st.open("127.0.0.1", s.port, "POST", "/v1/completions", req.dump()));
+  std::vector<std::string> ev = read_events(st);
+  std::vector<double> streamed;
+  for (const std::string& d : ev) {
+    if (d == "[DONE]") break;
+    const json c = json::parse(d);
+    const json& l = c["choices"][0]["logprobs"];
+    if (l.is_null()) continue;
+    for (const auto& v : l["token_logprobs"]) streamed.push_back(v);
+  }
+  ASSERT_EQ(streamed.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(streamed[i], lp["token_logprobs"][i].get<double>(), 1e-6);
+}
+
+TEST(Server, ChatLogprobsAndPenalties) {
+  TestServer s(tiny_engine());
+  json req{{"model", "tiny"},
+           {"messages", {{{"role", "user"}, {"content", "Say something."}}}},
+           {"max_tokens", 5},
+           {"temperature", 0},
+           {"ignore_eos", true},
+           {"logprobs", true},
+           {"top_logprobs", 2}};
+  const json b = body_of(s.post("/v1/chat/completions", req));
+  const json& content = b["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 5u) << b.dump();
+  for (const json& t : content) {
+    EXPECT_TRUE(t["token"].is_string());
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    EXPECT_TRUE(t["bytes"].is_array());
+    ASSERT_EQ(t["top_logprobs"].size(), 2u);
+    EXPECT_GE(t["top_logprobs"][0]["logprob"].get<double>(), t["top_logprobs"][1]["logprob"].get<double>());
+    EXPECT_EQ(t["top_logprobs"][0]["token"], t["token"]);
+  }
+  // A strong frequency penalty changes greedy output that repeats tokens: with 2.0 per
+  // occurrence, no token the model generated may be the argmax again unless it leads by more.
+  json plain{{"model", "tiny"}, {"prompt", "block0 block0 block0"}, {"max_tokens", 24}, {"temperature", 0},
+             {"ignore_eos", true}};
+  const json a = body_of(s.post("/v1/completions", plain));
+  plain["frequency_penalty"] = 2.0;
+  plain["presence_penalty"] = 2.0;
+  const json p = body_of(s.post("/v1/completions", plain));
+  ASSERT_TRUE(a["choices"][0]["text"].is_string());
+  ASSERT_TRUE(p["choices"][0]["text"].is_string());
+  EXPECT_NE(a["choices"][0]["text"], p["choices"][0]["text"]) << "the penalties must change a 24-token greedy output";
+}
+
+// HTTP/1.1 keep-alive: two requests on one connection, then "Connection: close" ends it.
+TEST(Server, KeepAliveServesSeveralRequestsPerConnection) {
+  TestServer s(tiny_engine());
+  const int fd = server::http_connect("127.0.0.1", s.port);
+  ASSERT_GE(fd, 0);
+  auto send_req = [&](const std::string& extra) {
+    const std::string body = completion_req("Hello", 2).dump();
+    const std::string r = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra +
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    ASSERT_EQ(::send(fd, r.data(), r.size(), MSG_NOSIGNAL), ssize_t(r.size()));
+  };
+  std::string buf;
+  // Reads one response (headers + Content-Length body) from buf/fd; "" on EOF.
+  auto read_resp = [&]() -> std::string {
+    char tmp[4096];
+    for (;;) {
+      const size_t he = buf.find("\r\n\r\n");
+      if (he != std::string::npos) {
+        const size_t cl = buf.find("Content-Length: ");
+        if (cl != std::string::npos && cl < he) {
+          const size_t n = std::stoul(buf.substr(cl + 16));
+          if (buf.size() >= he + 4 + n) {
+            std::string r = buf.substr(0, he + 4 + n);
+            buf.erase(0, he + 4 + n);
+            return r;
+          }
+        }
+      }
+      const ssize_t n = ::recv(fd, tmp, sizeof tmp, 0);
+      if (n <= 0) return "";
+      buf.append(tmp, size_t(n));
+    }
+  };
+  send_req("");
+  std::string r1 = read_resp();
+  EXPECT_NE(r1.find("HTTP/1.1 200"), std::string::npos) << r1;
+  EXPECT_NE(r1.find("Connection: keep-alive"), std::string::npos) << r1;
+  send_req("");
+  std::string r2 = read_resp();
+  EXPECT_NE(r2.find("HTTP/1.1 200"), std::string::npos) << r2;
+  send_req("Connection: close\r\n");
+  std::string r3 = read_resp();
+  EXPECT_NE(r3.find("Connection: close"), std::string::npos) << r3;
+  char c;
+  EXPECT_EQ(::recv(fd, &c, 1, 0), 0) << "the server closes after Connection: close";
+  ::close(fd);
+}
+
 TEST(Server, ChatCompletionStreamingAndNot) {
   TestServer s(tiny_engine());
   json req{{"model", "tiny"},
@@ -346,8 +485,11 @@ TEST(Server, BadInputCatalog) {
       {"stop list with a number", "/v1/completions", comp({{"stop", {"a", 1}}}), 400, "stop"},
       {"empty stop string", "/v1/completions", comp({{"stop", ""}}), 400, "stop"},
       {"n = 2", "/v1/completions", comp({{"n", 2}}), 400, "n"},
-      {"logprobs", "/v1/completions", comp({{"logprobs", 5}}), 400, "logprobs"},
-      {"presence_penalty", "/v1/completions", comp({{"presence_penalty", 0.5}}), 400, "presence_penalty"},
+      {"logprobs above 20", "/v1/completions", comp({{"logprobs", 21}}), 400, "logprobs"},
+      {"logprobs a bool", "/v1/completions", comp({{"logprobs", true}}), 400, "logprobs"},
+      {"logprobs with echo", "/v1/completions", comp({{"logprobs", 2}, {"echo", true}}), 400, "logprobs"},
+      {"presence_penalty out of range", "/v1/completions", comp({{"presence_penalty", 2.5}}), 400, "presence_penalty"},
+      {"frequency_penalty a string", "/v1/completions", comp({{"frequency_penalty", "x"}}), 400, "frequency_penalty"},
       {"unknown reuse mode", "/v1/completions", comp({{"reuse", "bogus"}}), 400, "reuse"},
       {"segments not strings", "/v1/completions", comp({{"segments", {1}}}), 400, "segments"},
       {"cache_salt a number", "/v1/completions", comp({{"cache_salt", 1}}), 400, "cache_salt"},
@@ -367,7 +509,10 @@ TEST(Server, BadInputCatalog) {
       {"image content part", "/v1/chat/completions",
        chat({{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}, {"image_url", "x"}}}}}}}}), 400,
        "messages[0].content[0]"},
-      {"chat logprobs", "/v1/chat/completions", chat({{"logprobs", true}}), 400, "logprobs"},
+      {"chat logprobs a number", "/v1/chat/completions", chat({{"logprobs", 3}}), 400, "logprobs"},
+      {"chat top_logprobs without logprobs", "/v1/chat/completions", chat({{"top_logprobs", 3}}), 400, "top_logprobs"},
+      {"chat top_logprobs above 20", "/v1/chat/completions", chat({{"logprobs", true}, {"top_logprobs", 30}}), 400,
+       "top_logprobs"},
       {"chat n = 3", "/v1/chat/completions", chat({{"n", 3}}), 400, "n"},
       {"chat temperature out of range", "/v1/chat/completions", chat({{"temperature", 2.5}}), 400, "temperature"},
       {"chat unknown model", "/v1/chat/completions", chat({{"model", "nope"}}), 404, "model"},
