@@ -102,8 +102,9 @@ class WeightFiles {
   static WeightFiles open_file(const std::string& path);  // one .safetensors file
   // A GGUF model file, its tensors presented under Hugging Face names and shapes
   // (model.layers.N.self_attn.q_proj.weight [rows, cols], ...). F32/F16/BF16 tensors stay in
-  // the mapping; quantized ones (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) are dequantized once into owned
-  // f32 buffers (no quantized matmul yet); llama's Q/K rows are un-permuted back to HF order.
+  // the mapping, and so do quantized matrices (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K; dtype = that name,
+  // the matmul reads the blocks); llama's Q/K rows are un-permuted back to HF order (whole
+  // quantized rows, into owned copies made once at load).
   static WeightFiles open_gguf(const std::string& path);
   const TensorInfo* find(const std::string& name) const;
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
@@ -223,7 +224,12 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const std::string& dir() const { return dir_; }
+  // Bytes of the weights the model holds in memory (matrices in their stored type, quantized
+  // blocks included; norm and bias vectors as f32; streamed layers not counted).
   size_t weight_bytes() const;
+  // Bytes of the matrices one decoded token reads: every layer's q/k/v/o/gate/up/down and the
+  // lm_head, in their stored types (decode's bandwidth bound is this / the read bandwidth).
+  size_t decode_weight_bytes() const;
 
   // Layer streaming state and counters (LoadOptions::weight_budget); streaming = false when
   // every weight is resident.

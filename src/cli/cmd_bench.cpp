@@ -222,13 +222,14 @@ struct ModelArgs {
   std::vector<int> prefill_lengths{128, 512, 2048};
   std::vector<int> decode_contexts{128, 2048};
   bool no_reuse = false;
+  std::string weight_budget = "0";
 };
 
 // Matmul parameter counts of one forward token (weights read by decode).
 struct ModelCounts {
   double layer_params = 0;   // all linear layers of all decoder layers
   double head_params = 0;    // lm_head
-  double bytes_per_param = 2;
+  double decode_bytes = 0;   // bytes of the matrices one decoded token reads (stored types)
 };
 
 ModelCounts model_counts(const Model& m) {
@@ -239,10 +240,9 @@ ModelCounts model_counts(const Model& m) {
   ModelCounts mc;
   mc.layer_params = double(c.n_layers) * (attn + mlp);
   mc.head_params = double(c.vocab_size) * h;
-  const double embed = c.tie_word_embeddings ? 0.0 : mc.head_params;
-  const double total = mc.layer_params + mc.head_params + embed;
-  // The checkpoint's element size, from the bytes the model maps (norms and biases are noise).
-  mc.bytes_per_param = std::max(1.0, std::round(double(m.weight_bytes()) / total));
+  // In the types the matrices are stored in (bf16, f32, or quantized blocks of a GGUF / AWQ
+  // checkpoint, which may mix types per tensor).
+  mc.decode_bytes = double(m.decode_weight_bytes());
   return mc;
 }
 
@@ -280,11 +280,13 @@ GenerateOptions bench_options(int new_tokens, bool prefix_cache) {
 void run_model(const ModelArgs& a) {
   const std::string dir = resolve_model_dir(a.model, true);
   const Roofline rl = measure_roofline(false, true);
-  auto engine = load_engine(dir, false);
+  EngineOptions eo;
+  eo.load.weight_budget = parse_weight_budget(a.weight_budget);
+  auto engine = load_engine(dir, false, eo);
   const Model& m = engine->model();
   const ModelConfig& c = m.config();
   const ModelCounts mc = model_counts(m);
-  const double decode_bytes = (mc.layer_params + mc.head_params) * mc.bytes_per_param;
+  const double decode_bytes = mc.decode_bytes;
   const int64_t ctx = engine->context_length();
   std::printf("## %s (%s, %lld layers, hidden %lld, %.0f MB of weights read per decoded token)\n\n",
               dir.c_str(), c.model_type.c_str(), (long long)c.n_layers, (long long)c.hidden_size,
@@ -487,6 +489,7 @@ CLI::App* add_bench(CLI::App& app) {
   model->add_option("--prefill", ma->prefill_lengths, "Prompt lengths for prefill")->delimiter(',');
   model->add_option("--decode-context", ma->decode_contexts, "Contexts for decode")->delimiter(',');
   model->add_flag("--no-reuse", ma->no_reuse, "Skip the 50-after-1,550-cached prefill");
+  model->add_option("--weight-budget", ma->weight_budget, kWeightBudgetHelp);
   model->callback([common, ma] {
     apply_common(common->threads, common->isa);
     run_model(*ma);

@@ -31,11 +31,14 @@ struct Model::Layer {
 
 namespace {
 
+// TensorInfo dtype strings are kernels::wtype_name's: F32, F16, BF16, and the quantized blocks
+// Q8_0, Q4_0, Q4_K, Q5_K, Q6_K (GGUF) and Q4_Z (AWQ), which the matmul reads as they are.
 WType wtype_of(const TensorInfo& t) {
-  if (t.dtype == "F32") return WType::F32;
-  if (t.dtype == "F16") return WType::F16;
-  if (t.dtype == "BF16") return WType::BF16;
-  fail(t.file, ": tensor \"", t.name, "\" has dtype ", t.dtype, " (supported: F32, F16, BF16)");
+  for (WType w : {WType::F32, WType::F16, WType::BF16, WType::Q8_0, WType::Q4_0, WType::Q4_K, WType::Q5_K,
+                  WType::Q6_K, WType::Q4_Z})
+    if (t.dtype == kernels::wtype_name(w)) return w;
+  fail(t.file, ": tensor \"", t.name, "\" has dtype ", t.dtype,
+       " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q4_Z)");
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -56,7 +59,18 @@ const TensorInfo& require(const WeightFiles& files, const std::string& dir, cons
 
 Weight matrix(const WeightFiles& f, const std::string& dir, const std::string& name, int64_t rows, int64_t cols) {
   const TensorInfo& t = require(f, dir, name, {rows, cols});
-  return Weight{t.data, wtype_of(t), rows, cols};
+  const WType wt = wtype_of(t);
+  const int64_t be = kernels::wtype_block_elems(wt);
+  if (cols % be != 0)
+    fail(t.file, ": tensor \"", name, "\": rows of ", cols, " elements are not whole ", t.dtype, " blocks of ", be);
+  const size_t want = size_t(rows) * size_t(kernels::wtype_row_bytes(wt, cols));
+  if (t.nbytes != want)
+    fail(t.file, ": tensor \"", name, "\" (", t.dtype, " [", rows, ", ", cols, "]) has ", t.nbytes, " bytes, expected ", want);
+  return Weight{t.data, wt, rows, cols};
+}
+
+size_t matrix_bytes(const Weight& w) {
+  return w.data ? size_t(w.rows) * size_t(kernels::wtype_row_bytes(w.type, w.cols)) : 0;
 }
 
 std::vector<float> vec(const WeightFiles& f, const std::string& dir, const std::string& name, int64_t n) {
@@ -124,7 +138,30 @@ void Model::forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logits
 Model::Model() = default;
 Model::~Model() = default;
 
-size_t Model::weight_bytes() const { return files_.total_bytes(); }
+size_t Model::weight_bytes() const {
+  size_t n = matrix_bytes(embed_) + (lm_head_.data == embed_.data ? 0 : matrix_bytes(lm_head_));
+  n += final_norm_store_.size() * sizeof(float);
+  for (const Layer& L : layers_) {
+    for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) n += matrix_bytes(*w);
+    for (const auto* v : {&L.attn_norm, &L.mlp_norm, &L.q_norm, &L.k_norm, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias})
+      n += v->size() * sizeof(float);
+  }
+  return n;
+}
+
+size_t Model::decode_weight_bytes() const {
+  const ModelConfig& c = cfg_;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, nq = c.n_heads * c.head_dim, nkv = c.n_kv_heads * c.head_dim;
+  // From the shapes and types (streamed layers have no resident data but are read all the same).
+  auto bytes = [](const Weight& w, int64_t rows, int64_t cols) {
+    return size_t(rows) * size_t(kernels::wtype_row_bytes(w.type, cols));
+  };
+  size_t n = bytes(lm_head_, c.vocab_size, H);
+  for (const Layer& L : layers_)
+    n += bytes(L.wq, nq, H) + bytes(L.wk, nkv, H) + bytes(L.wv, nkv, H) + bytes(L.wo, H, nq) + bytes(L.w_gate, I, H) +
+         bytes(L.w_up, I, H) + bytes(L.w_down, H, I);
+  return n;
+}
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& opt) {
   std::unique_ptr<Model> m(new Model());
@@ -477,7 +514,8 @@ void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void*
 
 void Model::embed(const int32_t* tokens, int64_t n, float* x) const {
   const int64_t H = cfg_.hidden_size;
-  const size_t row_bytes = size_t(H) * kernels::wtype_size(embed_.type);
+  // One row at a time: a quantized table is dequantized only for the tokens looked up.
+  const size_t row_bytes = size_t(kernels::wtype_row_bytes(embed_.type, H));
   for (int64_t t = 0; t < n; ++t)
     kernels::to_f32(static_cast<const uint8_t*>(embed_.data) + size_t(tokens[t]) * row_bytes, embed_.type,
                     x + t * H, H);

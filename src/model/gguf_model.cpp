@@ -177,12 +177,15 @@ WeightFiles WeightFiles::open_gguf(const std::string& path) {
     }
     const bool plain = t.type == GgmlType::F32 || t.type == GgmlType::F16 || t.type == GgmlType::BF16;
     const size_t esize = t.type == GgmlType::F32 ? 4 : 2;
-    if (plain && reinterpret_cast<uintptr_t>(src) % esize == 0) {
+    // Quantized matrices stay in their blocks (the matmul reads them; kernels.h WType has the
+    // same names: "Q8_0", "Q4_K", ...). Blocks need no alignment.
+    const bool keep_blocks = !plain && t.ne.size() == 2;
+    if ((plain && reinterpret_cast<uintptr_t>(src) % esize == 0) || keep_blocks) {
       ti.dtype = kernels::ggml_type_name(t.type);
       ti.data = src;
       ti.nbytes = t.nbytes;
     } else {
-      // Quantized (or misaligned): dequantize once into an owned f32 buffer, row by row.
+      // Misaligned, or a quantized vector: dequantize once into an owned f32 buffer.
       const int64_t n = t.n_elems(), row = t.ne[0];
       auto buf = std::make_shared<std::vector<uint8_t>>(size_t(n) * 4);
       float* dst = reinterpret_cast<float*>(buf->data());
