@@ -56,6 +56,10 @@ size_t parse_bytes(const std::string& s, const std::string& what) {
   return size_t(v * mul);
 }
 
+uint64_t parse_weight_budget(const std::string& s) {
+  return s == "0" ? 0 : uint64_t(parse_bytes(s, "--weight-budget"));
+}
+
 std::unique_ptr<Engine> load_engine(const std::string& dir, bool quiet, EngineOptions eopt) {
   LoadOptions& opt = eopt.load;
   const bool tty = isatty(STDERR_FILENO);

@@ -16,6 +16,11 @@ std::string resolve_model_dir(const std::string& dir, bool quiet);
 std::unique_ptr<Engine> load_engine(const std::string& dir, bool quiet, EngineOptions opt = {});
 // Parses a byte count with an optional K/M/G/KiB/MiB/GiB suffix ("512MiB", "2G").
 size_t parse_bytes(const std::string& s, const std::string& what);
+// --weight-budget: a byte count as parse_bytes, or "0" (every weight resident).
+uint64_t parse_weight_budget(const std::string& s);
+inline constexpr const char* kWeightBudgetHelp =
+    "Stream layer weights from disk, keeping at most this many bytes of layer matrices in memory, e.g. 768M "
+    "(embeddings and norms stay resident; default 0: the whole model resident)";
 // Reads all of standard input as bytes.
 std::string read_stdin();
 
@@ -26,6 +31,7 @@ void add_logits(CLI::App& app);
 // command so that other bench subcommands can be added to it: add_bench(app)->add_subcommand(...).
 CLI::App* add_bench(CLI::App& app);
 void add_bench_reuse(CLI::App* bench);  // kvboost bench reuse (cmd_bench_reuse.cpp)
+void add_bench_stream(CLI::App* bench);  // kvboost bench stream (cmd_bench_stream.cpp)
 void add_cache_commands(CLI::App& app);  // kvboost warm, kvboost cache (cmd_cache.cpp)
 
 // Chunk store options (--chunk-size, --chunk-store, --chunk-ram, --chunk-disk, --kv-quant).

@@ -24,6 +24,7 @@ struct ServeArgs {
   int threads = 0;
   int64_t block_size = 16;
   std::string kv_budget, cold_dir;
+  std::string weight_budget = "0";
   ChunkArgs chunks;
   bool quiet = false, log_requests = false;
 };
@@ -61,6 +62,7 @@ void run_serve(const ServeArgs& a) {
   if (!a.kv_budget.empty()) eopt.kv_budget_bytes = parse_bytes(a.kv_budget, "--kv-budget");
   else eopt.kv_budget_bytes = default_kv_budget(dir, a.max_batch, a.block_size);
   eopt.cold_dir = a.cold_dir;
+  eopt.load.weight_budget = parse_weight_budget(a.weight_budget);
   a.chunks.apply(eopt);
   auto engine = load_engine(dir, a.quiet, eopt);
 
@@ -128,6 +130,7 @@ void add_serve(CLI::App& app) {
   c->add_option("--block-size", a->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("--kv-budget", a->kv_budget, "Bytes of KV memory, e.g. 512MiB (default: max-batch whole contexts, at most 2GiB)");
   c->add_option("--kv-cold-dir", a->cold_dir, "Spill KV blocks beyond --kv-budget to a file in this directory");
+  c->add_option("--weight-budget", a->weight_budget, kWeightBudgetHelp);
   a->chunks.add(c);
   c->add_flag("--log-requests", a->log_requests, "One line per request on stderr");
   c->add_flag("-q,--quiet", a->quiet, "No startup or shutdown messages");

@@ -14,7 +14,9 @@ int main(int argc, char** argv) {
   kvboost::cli::add_tokenize(app);
   kvboost::cli::add_logits(app);
   kvboost::cli::add_cache_commands(app);
-  kvboost::cli::add_bench_reuse(kvboost::cli::add_bench(app));
+  CLI::App* bench = kvboost::cli::add_bench(app);
+  kvboost::cli::add_bench_reuse(bench);
+  kvboost::cli::add_bench_stream(bench);
   kvboost::cli::add_serve(app);
   try {
     app.parse(argc, argv);
