@@ -206,6 +206,7 @@ class Request {
 struct StepStats {
   int64_t n_running = 0, n_waiting = 0;   // after the step
   int64_t n_decode = 0, n_prefill_tokens = 0;  // work done in the step
+  double forward_ms = 0;                  // of which in the model's forward passes (wall clock)
 };
 
 class Engine {

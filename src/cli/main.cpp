@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = kvboost::cli::add_bench(app);
   kvboost::cli::add_bench_reuse(bench);
   kvboost::cli::add_bench_stream(bench);
+  kvboost::cli::add_bench_batch(bench);
   kvboost::cli::add_serve(app);
   try {
     app.parse(argc, argv);

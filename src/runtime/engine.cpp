@@ -413,7 +413,11 @@ StepStats Engine::step() {
     batch[i].tokens = gathered[i].data();
   }
   try {
-    if (!batch.empty()) model_->forward_batch(batch.data(), int64_t(batch.size()));
+    if (!batch.empty()) {
+      const double t0 = now_ms();
+      model_->forward_batch(batch.data(), int64_t(batch.size()));
+      ss.forward_ms += now_ms() - t0;
+    }
   } catch (const std::exception& e) {
     for (auto* r : owners) fail_request(*r, e.what());
     owners.clear();
@@ -435,8 +439,10 @@ StepStats Engine::step() {
       bo.check_layer = r->opt.reuse.blend_check_layer;
       bo.reused = r->reused.data();
       const int64_t n = int64_t(r->context.size()) - r->blend_from;
+      const double t0 = now_ms();
       const BlendStats bs = model_->forward_blend(r->context.data() + r->blend_from, n, view_of(*r, r->blend_from), bo,
                                                   r->logits.data());
+      ss.forward_ms += now_ms() - t0;
       ss.n_prefill_tokens += n;
       {
         std::lock_guard<std::mutex> l(r->mu);

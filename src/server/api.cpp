@@ -341,6 +341,39 @@ ParsedRequest parse_completion(const ojson& body, const ApiContext& ctx) {
   return p;
 }
 
+// Message boundaries as segment starts (token offsets), so that chunks never straddle two
+// messages and each message's K/V is a chunk found again by content when a client drops or
+// edits earlier messages (history truncation). The conversation's first i messages rendered
+// without a generation prompt must be a prefix of the whole prompt text, and tokenizing the
+// text piece by piece must give exactly the whole prompt's ids (true at the special-token
+// boundaries templates put between messages); otherwise, or when a template cannot render a
+// prefix, there are no segments. Linear in the prompt: each piece is tokenized once.
+static std::vector<int64_t> message_starts(const ApiContext& ctx, const ojson& conv, const ojson& extra,
+                                    const std::string& text, const std::vector<int32_t>& ids) {
+  std::vector<int64_t> starts;
+  if (conv.size() < 2) return starts;
+  try {
+    size_t text_at = 0;
+    std::vector<int32_t> acc;
+    for (size_t i = 1; i < conv.size(); ++i) {
+      const ojson prefix(conv.begin(), conv.begin() + long(i));
+      const std::string t = apply_chat_template(ctx.chat_config, prefix, false, extra);
+      if (t.size() <= text_at || t.size() >= text.size() || text.compare(0, t.size(), t) != 0) return {};
+      const std::vector<int32_t> piece = ctx.tok->encode(std::string_view(t).substr(text_at), false);
+      acc.insert(acc.end(), piece.begin(), piece.end());
+      text_at = t.size();
+      if (acc.size() >= ids.size() || !std::equal(acc.begin(), acc.end(), ids.begin())) return {};
+      if (starts.empty() || int64_t(acc.size()) > starts.back()) starts.push_back(int64_t(acc.size()));
+    }
+    const std::vector<int32_t> rest = ctx.tok->encode(std::string_view(text).substr(text_at), false);
+    acc.insert(acc.end(), rest.begin(), rest.end());
+    if (acc != ids) return {};
+  } catch (const std::exception&) {
+    return {};
+  }
+  return starts;
+}
+
 ParsedRequest parse_chat(const ojson& body, const ApiContext& ctx) {
   ParsedRequest p;
   p.chat = true;
@@ -413,6 +446,7 @@ ParsedRequest parse_chat(const ojson& body, const ApiContext& ctx) {
   }
   // As transformers' apply_chat_template(tokenize=True): the template supplies special tokens.
   p.prompt_ids = encode(ctx, p.prompt_text, false, "messages");
+  p.opt.segment_starts = message_starts(ctx, conv, extra, p.prompt_text, p.prompt_ids);
   set_max_tokens(body, ctx, p, std::nullopt, "messages");
   return p;
 }

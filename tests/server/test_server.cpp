@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api.h"
 #include "http.h"
 #include "kvboost/model.h"
 #include "kvboost/server.h"
@@ -365,6 +366,40 @@ TEST(Server, KeepAliveServesSeveralRequestsPerConnection) {
   char c;
   EXPECT_EQ(::recv(fd, &c, 1, 0), 0) << "the server closes after Connection: close";
   ::close(fd);
+}
+
+// Chat prompts carry their message boundaries as segments (chunks never straddle messages).
+TEST(Server, ChatMessagesBecomeSegments) {
+  Engine& e = tiny_engine();
+  server::ApiContext ctx;
+  ctx.tok = &e.tokenizer();
+  ctx.context_length = e.context_length();
+  ctx.max_prompt_tokens = e.context_length() - 1;
+  ctx.vocab_size = int32_t(e.model().config().vocab_size);
+  ctx.model_name = "tiny";
+  ctx.chat_config = read_file(tiny_dir() + "/tokenizer_config.json");
+  ctx.has_chat_template = true;
+  const json body{{"model", "tiny"},
+                  {"messages",
+                   {{{"role", "system"}, {"content", "You are terse."}},
+                    {{"role", "user"}, {"content", "Tell me about caches."}},
+                    {{"role", "assistant"}, {"content", "They keep things."}},
+                    {{"role", "user"}, {"content", "More?"}}}}};
+  const server::ParsedRequest p = server::parse_chat(body, ctx);
+  ASSERT_EQ(p.opt.segment_starts.size(), 3u);
+  const auto im_start = e.tokenizer().token_to_id("<|im_start|>");
+  ASSERT_TRUE(im_start.has_value());
+  int64_t prev = 0;
+  for (int64_t s : p.opt.segment_starts) {
+    EXPECT_GT(s, prev);
+    EXPECT_LT(s, int64_t(p.prompt_ids.size()));
+    // ChatML: every message starts with <|im_start|> (after the previous one's "<|im_end|>\n").
+    EXPECT_EQ(p.prompt_ids[size_t(s)], *im_start) << "segment start " << s;
+    prev = s;
+  }
+  // A one-message conversation has no boundaries.
+  const json one{{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
+  EXPECT_TRUE(server::parse_chat(one, ctx).opt.segment_starts.empty());
 }
 
 TEST(Server, ChatCompletionStreamingAndNot) {
