@@ -7,8 +7,8 @@
 // the exact dot over the stored weights w moves by at most
 //     bound(m, n) = sum over blocks b of d_b / 2 * sum_{k in b} |w[n, k]|,
 // plus f32 rounding (products and the sum over blocks): 1e-5 * sum_k |x[m, k] w[n, k]|.
-// The scalar and AVX2 paths compute the same integer dots, so between them only the f32
-// rounding term remains.
+// The scalar and AVX2 paths compute the same integer dots (below 64 tokens; from 64 on both
+// dequantize the weights and use f32 dots), so between them only the f32 rounding term remains.
 #include <cmath>
 #include <cstring>
 #include <random>

@@ -11,7 +11,8 @@ void matmul_avx2(const float* x, const void* w, WType wt, const float* bias, flo
 // position pos (0..15) of a panel's k row.
 constexpr int kPackedPanel = 16;
 int packed_feature(WType wt, int pos);
-// matmul over raw [N, K] weights through the packed micro-kernel, packing panels on the fly.
+// matmul over raw [N, K] weights through the packed micro-kernel, packing panels on the fly
+// (quantized weights: each panel dequantized to f32 as it is packed).
 void matmul_raw_tiles_avx2(const float* x, const void* w, WType wt, const float* bias, float* y,
                            int64_t M, int64_t N, int64_t K);
 void matmul_packed_avx2(const float* x, const PackedWeight& w, const float* bias, float* y,
@@ -57,6 +58,13 @@ namespace kvboost::kernels::cpu {
 // + 32], scale d[m*nb + b] (max|x| / 127) and s[m*nb + b] = d * sum(q) (the block sum that
 // zero points and K-quant mins multiply). nb = K / 32.
 constexpr int kActBlock = 32;
+// From this many tokens on (prefill), matmul over quantized weights dequantizes them instead:
+// AVX2 a 16-row panel at a time into the f32 packed layout for the outer-product FMA tiles
+// (matmul_packed_avx2.cpp, as plain weights from 64 tokens on), the scalar version a row at a
+// time. Dequantizing costs ~K operations per row against 2 * K * M FLOPs, and without
+// AVX-VNNI the f32 6x16 FMA tiles do more multiply-adds per instruction than maddubs/madd plus
+// per-block scaling. No activation rounding on that path.
+constexpr int64_t kDequantMinM = 64;
 struct QAct {
   const int8_t* q = nullptr;
   const float* d = nullptr;

@@ -205,12 +205,35 @@ void pack_panel(const uint8_t* w, int64_t N, int64_t K, int64_t p, uint8_t* buf)
   }
 }
 
+// Panel p of a quantized [N, K] weight (kernels.h WType Q8_0 .. Q4_Z) dequantized to f32 and
+// packed ([K][16], the F32 PackedWeight layout): 16 rows through dequantize_wrow, then a
+// transpose. Rows past N are zeros.
+void pack_panel_quant(const uint8_t* w, WType wt, int64_t N, int64_t K, int64_t p, uint8_t* buf) {
+  thread_local std::vector<float> rows;
+  if (int64_t(rows.size()) < kPackedPanel * K) rows.resize(size_t(kPackedPanel * K));
+  const size_t rb = size_t(wtype_row_bytes(wt, K));
+  for (int pos = 0; pos < kPackedPanel; ++pos) {
+    const int64_t n = p * kPackedPanel + pos;
+    float* r = rows.data() + pos * K;
+    if (n < N) dequantize_wrow(w + size_t(n) * rb, wt, r, K);
+    else std::fill(r, r + K, 0.0f);
+  }
+  float* out = reinterpret_cast<float*>(buf);
+  for (int64_t k0 = 0; k0 < K; k0 += 64)  // in strips, so the 16 source rows stay in L1
+    for (int pos = 0; pos < kPackedPanel; ++pos) {
+      const float* r = rows.data() + pos * K;
+      for (int64_t k = k0; k < std::min(K, k0 + 64); ++k) out[k * kPackedPanel + pos] = r[k];
+    }
+}
+
 // Raw-layout weights, many tokens: each work item packs its panel into a per-thread buffer
 // (L1/L2-resident, [K][16]) and runs the packed tiles over its tokens. Packing costs 16·K
 // element copies per item against 2·16·K·tokens FLOPs: ~5% at 64 tokens, less above.
+// WT: the packed element type; src_wt: the weight's own type (WT itself, or a quantized type
+// whose panels are dequantized to f32: WT = F32).
 template <WType WT>
 void run_raw(const float* x, const void* wv, const float* bias, float* y, int64_t M, int64_t N,
-             int64_t K) {
+             int64_t K, WType src_wt = WT) {
   const uint8_t* w = static_cast<const uint8_t*>(wv);
   const int64_t n_panels = (N + kPackedPanel - 1) / kPackedPanel;
   const int nt = num_threads();
@@ -233,7 +256,10 @@ void run_raw(const float* x, const void* wv, const float* bias, float* y, int64_
     uint8_t* buf = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(store.data()) + 63) & ~uintptr_t(63));
     const int64_t p = item / n_mb, b = item % n_mb;
     // Consecutive items of one panel (its token blocks) reuse the packed copy.
-    if (packed_call != call || packed_panel != p) pack_panel<WT>(w, N, K, p, buf);
+    if (packed_call != call || packed_panel != p) {
+      if (src_wt != WT) pack_panel_quant(w, src_wt, N, K, p, buf);
+      else pack_panel<WT>(w, N, K, p, buf);
+    }
     packed_call = call;
     packed_panel = p;
     const int64_t n0 = p * kPackedPanel;
@@ -251,7 +277,9 @@ void matmul_raw_tiles_avx2(const float* x, const void* w, WType wt, const float*
     case WType::F32: return run_raw<WType::F32>(x, w, bias, y, M, N, K);
     case WType::F16: return run_raw<WType::F16>(x, w, bias, y, M, N, K);
     case WType::BF16: return run_raw<WType::BF16>(x, w, bias, y, M, N, K);
-    default: fail("matmul (raw tiles): ", wtype_name(wt), " is not a plain type");
+    default:
+      if (wtype_is_quantized(wt)) return run_raw<WType::F32>(x, w, bias, y, M, N, K, wt);
+      fail("matmul (raw tiles): ", wtype_name(wt), " is not a weight type");
   }
 }
 

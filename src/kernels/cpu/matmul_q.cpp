@@ -238,11 +238,33 @@ void q_rows_scalar(const QAct& a, const uint8_t* w, WType wt, const float* bias,
   }
 }
 
+// Many tokens (M >= kDequantMinM): each row dequantized once, f32 dots for every token.
+void dq_rows_scalar(const float* x, const uint8_t* w, WType wt, const float* bias, float* y, int64_t M,
+                    int64_t N, int64_t K, int64_t n_begin, int64_t n_end) {
+  thread_local std::vector<float> row;
+  if (int64_t(row.size()) < K) row.resize(size_t(K));
+  const size_t rb = size_t(wtype_row_bytes(wt, K));
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    dequantize_wrow_ref(w + size_t(n) * rb, wt, row.data(), K);
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += x[m * K + k] * row[size_t(k)];
+      y[m * N + n] = acc + (bias ? bias[n] : 0.0f);
+    }
+  }
+}
+
 }  // namespace
 
 void matmul_q_scalar(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
                      int64_t N, int64_t K) {
   check_quant_args(wt, K, "matmul");
+  if (M >= kDequantMinM) {
+    parallel_for(N, 16, 32, [&](int64_t b, int64_t e) {
+      dq_rows_scalar(x, static_cast<const uint8_t*>(w), wt, bias, y, M, N, K, b, e);
+    });
+    return;
+  }
   const QAct a = quantize_act(x, M, K, /*avx2=*/false);
   parallel_for(N, 16, M * N * K >= (int64_t(1) << 16) ? 32 : INT64_MAX, [&](int64_t b, int64_t e) {
     q_rows_scalar(a, static_cast<const uint8_t*>(w), wt, bias, y, M, N, b, e);

@@ -12,8 +12,9 @@
 //
 // Tiles of MR tokens x NR rows: a weight sub-block is unpacked once for MR tokens, an activation
 // sub-block loaded once for NR rows. M = 1 (decode) streams each row range once with linear
-// prefetch of the next row group; M > 1 runs token tiles over L2-sized panels of rows, so a
-// weight byte comes from memory once per call however many tokens there are.
+// prefetch of the next row group; 1 < M < kDequantMinM runs token tiles over L2-sized panels of
+// rows, so a weight byte comes from memory once per call however many tokens there are; from
+// kDequantMinM tokens on, panels are dequantized to f32 for the packed FMA tiles (below).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -222,6 +223,7 @@ void gemv_range(const QAct& a, const uint8_t* w, size_t rb, const float* bias, f
 // Prefill / batched decode: token tiles of 4 over row pairs.
 constexpr int kTileM = 4, kTileN = 2;
 
+
 template <WType WT, int MR>
 void rows_for_tokens(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, const float* bias, float* y,
                      int64_t N, int64_t n0, int64_t n1) {
@@ -245,6 +247,7 @@ void panel(const QAct& a, int64_t M, const uint8_t* w, size_t rb, const float* b
 
 template <WType WT>
 void run(const float* x, const uint8_t* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K) {
+  if (M >= kDequantMinM) return matmul_raw_tiles_avx2(x, w, WT, bias, y, M, N, K);
   const QAct a = quantize_act(x, M, K, /*avx2=*/true);
   const size_t rb = size_t(K / Q<WT>::kElems * Q<WT>::kBytes);
   if (M == 1) {
