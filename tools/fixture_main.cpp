@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   std::optional<uint64_t> seed;
   std::optional<int> shards;
   bool tie = false, no_tie = false;
-  app.add_option("--preset", preset, "Base shape: tiny | qwen2.5-0.5b | llama3.2-1b")->capture_default_str();
+  app.add_option("--preset", preset, "Base shape: tiny | qwen2.5-0.5b | qwen2.5-1.5b | llama3.2-1b")->capture_default_str();
   app.add_option("--out", out, "Output directory")->required();
   app.add_option("--arch", arch, "llama | mistral | qwen2 | qwen3");
   app.add_option("--dtype", dtype, "f32 | f16 | bf16");
