@@ -2,6 +2,9 @@
 // architecture and shape, e.g.
 //   kvboost-fixture --preset qwen2.5-0.5b --tokenizer ../shared/tokenizers/qwen2.5 --out /tmp/q05
 //   kvboost-fixture --arch qwen3 --dtype bf16 --out /tmp/q3
+//   kvboost-fixture --preset qwen2.5-0.5b --dtype f16 --quant awq --group-size 128 --out /tmp/q05-awq
+//   kvboost-fixture --arch llama --intermediate 192 --quant awq --group-size 32 --out /tmp/a
+//       --dequant-out /tmp/a-ref     (also the f32 model the AWQ one exactly represents)
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -16,6 +19,9 @@ int main(int argc, char** argv) {
   std::optional<uint64_t> seed;
   std::optional<int> shards;
   bool tie = false, no_tie = false;
+  std::string quant, dequant_out;
+  std::optional<int64_t> group_size;
+  std::vector<std::string> not_convert;
   app.add_option("--preset", preset, "Base shape: tiny | qwen2.5-0.5b | qwen2.5-1.5b | llama3.2-1b")->capture_default_str();
   app.add_option("--out", out, "Output directory")->required();
   app.add_option("--arch", arch, "llama | mistral | qwen2 | qwen3");
@@ -36,6 +42,11 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed);
   app.add_option("--tokenizer", tokenizer_dir, "Copy tokenizer files from this directory");
   app.add_option("--tokenizer-kind", tokenizer_kind, "Generated tokenizer: bytelevel | sentencepiece | none")->capture_default_str();
+  app.add_option("--quant", quant, "Write quantized projections: awq (AutoAWQ 4-bit gemm)");
+  app.add_option("--group-size", group_size, "AWQ group size (a multiple of 32; default 128)");
+  app.add_option("--awq-not-convert", not_convert, "AWQ modules_to_not_convert (kept in --dtype)")->delimiter(',');
+  app.add_option("--dequant-out", dequant_out,
+                 "With --quant: also write the exactly dequantized model here (f32 safetensors)");
   CLI11_PARSE(app, argc, argv);
   try {
     kvboost::FixtureSpec s = kvboost::fixture_preset(preset);
@@ -55,10 +66,16 @@ int main(int argc, char** argv) {
     if (window) s.sliding_window = *window;
     if (shards) s.shards = *shards;
     if (seed) s.seed = *seed;
+    s.quant = quant;
+    if (group_size) s.group_size = *group_size;
+    s.awq_not_convert = not_convert;
+    s.dequant_dir = dequant_out;
     s.tokenizer_dir = tokenizer_dir;
     s.tokenizer_kind = tokenizer_kind == "none" ? "" : tokenizer_kind;
     kvboost::write_fixture_model(out, s);
-    std::printf("wrote %s (%s, %s)\n", out.c_str(), s.arch.c_str(), s.dtype.c_str());
+    std::printf("wrote %s (%s, %s%s)\n", out.c_str(), s.arch.c_str(), s.dtype.c_str(),
+                quant.empty() ? "" : (", " + quant + " group " + std::to_string(s.group_size)).c_str());
+    if (!dequant_out.empty()) std::printf("wrote %s (dequantized reference, f32)\n", dequant_out.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvboost-fixture: error: %s\n", e.what());
     return 1;

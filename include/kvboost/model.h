@@ -120,9 +120,13 @@ class WeightFiles {
 
  private:
   void add_file(const std::string& path, const std::vector<std::string>* only);
+  // config.json's quantization_config (AWQ 4-bit gemm): validates it and repacks every
+  // <prefix>.qweight/.qzeros/.scales into one "Q4_Z" tensor <prefix>.weight [out, in] held in
+  // owned_ (src/model/awq.cpp). No-op without quantization_config.
+  void apply_quantization(const std::string& dir);
   std::vector<std::shared_ptr<MappedFile>> files_;
   std::map<std::string, TensorInfo> tensors_;
-  std::vector<std::shared_ptr<std::vector<uint8_t>>> owned_;  // realigned copies (rare)
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> owned_;  // realigned / dequantized / repacked
 };
 
 // A weight matrix or vector as the kernels see it.
@@ -313,6 +317,16 @@ struct FixtureSpec {
   std::string tokenizer_kind = "bytelevel";  // "" | bytelevel | sentencepiece
   std::string tokenizer_dir;                 // copy tokenizer files from here instead
   float init_std = 0.02f;
+  // "awq": every q/k/v/o/gate/up/down projection not named in awq_not_convert is written as an
+  // AutoAWQ 4-bit gemm layer (qweight/qzeros/scales, per-group min/max asymmetric quantization
+  // of the same random weights) and config.json gets the quantization_config; the other tensors
+  // stay in `dtype`. In features must be multiples of group_size (a multiple of 32).
+  std::string quant;  // "" | "awq"
+  int64_t group_size = 128;
+  std::vector<std::string> awq_not_convert;  // modules_to_not_convert (substring match)
+  // With quant: also write the model that the quantized one exactly represents (dequantized
+  // projections, other tensors as rounded to `dtype`) as a plain f32 directory here.
+  std::string dequant_dir;
 };
 FixtureSpec fixture_preset(const std::string& name);  // tiny | qwen2.5-0.5b | qwen2.5-1.5b | llama3.2-1b
 void write_fixture_model(const std::string& dir, const FixtureSpec& spec);

@@ -5,8 +5,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 
+#include "awq.h"
 #include "kvboost/model.h"
 #include "kvboost/tokenizer.h"
 
@@ -46,17 +49,39 @@ int64_t numel(const std::vector<int64_t>& s) {
   return n;
 }
 
-void write_file(const std::string& path, const std::vector<TensorSpec>& ts, const std::string& dtype,
-                uint64_t seed) {
-  const std::string st_dtype = dtype == "f32" ? "F32" : dtype == "f16" ? "F16" : "BF16";
-  const int64_t es = dtype == "f32" ? 4 : 2;
+// The values of one generated tensor, in f32. Each tensor has its own stream, so sharding and
+// quantization do not change the values.
+std::vector<float> generate(const TensorSpec& t, uint64_t seed) {
+  Rng rng{seed ^ std::hash<std::string>{}(t.name)};
+  const int64_t n = numel(t.shape);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; i += 2) {
+    float z[2];
+    rng.normal2(z);
+    for (int j = 0; j < 2 && i + j < n; ++j) v[size_t(i + j)] = t.mean + t.std * z[j];
+  }
+  return v;
+}
+
+// One tensor of an output file: safetensors dtype, shape, and a function producing its bytes
+// (called when the file is written, one tensor at a time).
+struct OutTensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::function<std::vector<char>()> bytes;
+  uint64_t nbytes() const {
+    const int64_t es = dtype == "F32" || dtype == "I32" ? 4 : 2;
+    return uint64_t(numel(shape) * es);
+  }
+};
+
+void write_file(const std::string& path, const std::vector<OutTensor>& ts) {
   ordered_json header;
   header["__metadata__"] = {{"format", "pt"}};
   uint64_t off = 0;
   for (const auto& t : ts) {
-    const uint64_t nb = uint64_t(numel(t.shape) * es);
-    header[t.name] = {{"dtype", st_dtype}, {"shape", t.shape}, {"data_offsets", {off, off + nb}}};
-    off += nb;
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + t.nbytes()}}};
+    off += t.nbytes();
   }
   std::string h = header.dump();
   while ((h.size() + 8) % 8) h.push_back(' ');  // keep the data 8-byte aligned
@@ -68,25 +93,143 @@ void write_file(const std::string& path, const std::vector<TensorSpec>& ts, cons
   out.write(lenbuf, 8);
   out.write(h.data(), std::streamsize(h.size()));
   for (const auto& t : ts) {
-    // Each tensor has its own stream so sharding does not change the values.
-    Rng rng{seed ^ std::hash<std::string>{}(t.name)};
-    const int64_t n = numel(t.shape);
-    std::vector<char> buf(size_t(n * es));
-    for (int64_t i = 0; i < n; i += 2) {
-      float z[2];
-      rng.normal2(z);
-      for (int j = 0; j < 2 && i + j < n; ++j) {
-        const float v = t.mean + t.std * z[j];
-        if (es == 4) std::memcpy(&buf[size_t((i + j) * 4)], &v, 4);
-        else {
-          const uint16_t hv = dtype == "f16" ? f32_to_f16(v) : f32_to_bf16(v);
-          std::memcpy(&buf[size_t((i + j) * 2)], &hv, 2);
-        }
-      }
-    }
+    const std::vector<char> buf = t.bytes();
+    if (buf.size() != t.nbytes()) fail(path, ": internal error: tensor ", t.name, " has ", buf.size(), " bytes");
     out.write(buf.data(), std::streamsize(buf.size()));
   }
   if (!out) fail(path, ": write failed");
+}
+
+// f32 values -> the bytes of a plain tensor of `dtype` (f32 | f16 | bf16), and the f32 values
+// those bytes hold.
+std::vector<char> encode(const std::vector<float>& v, const std::string& dtype) {
+  const int64_t es = dtype == "f32" ? 4 : 2;
+  std::vector<char> buf(v.size() * size_t(es));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (es == 4) {
+      std::memcpy(&buf[i * 4], &v[i], 4);
+    } else {
+      const uint16_t hv = dtype == "f16" ? f32_to_f16(v[i]) : f32_to_bf16(v[i]);
+      std::memcpy(&buf[i * 2], &hv, 2);
+    }
+  }
+  return buf;
+}
+float round_to(float v, const std::string& dtype) {
+  if (dtype == "f16") return f16_to_f32(f32_to_f16(v));
+  if (dtype == "bf16") return bf16_to_f32(f32_to_bf16(v));
+  return v;
+}
+template <typename T>
+std::vector<char> raw_bytes(const std::vector<T>& v) {
+  std::vector<char> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+// The projections AWQ quantizes (embeddings and lm_head never are).
+bool is_projection(const std::string& name) {
+  for (const char* p : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight",
+                        "up_proj.weight", "down_proj.weight"})
+    if (ends_with(name, p)) return true;
+  return false;
+}
+
+struct AwqTensors {
+  std::vector<int32_t> qweight, qzeros;
+  std::vector<uint16_t> scales;
+};
+
+// What each file of the model holds: plain tensors in `dtype` (mode Plain), AWQ projections
+// plus plain tensors (Awq), or everything in f32 as the AWQ model exactly represents it
+// (AwqDequant).
+enum class Mode { Plain, Awq, AwqDequant };
+
+std::vector<OutTensor> out_tensors(const std::vector<TensorSpec>& ts, const FixtureSpec& s, Mode mode) {
+  // The three AWQ tensors of a layer are written one after the other: quantize once for them.
+  auto cache = std::make_shared<std::pair<std::string, AwqTensors>>();
+  const uint64_t seed = s.seed;
+  const int64_t gs = s.group_size;
+  auto quantized = [cache, seed, gs](const TensorSpec& t) -> const AwqTensors& {
+    if (cache->first != t.name) {
+      const int64_t out = t.shape[0], in = t.shape[1];
+      AwqTensors q;
+      q.qweight.resize(size_t(in * out / 8));
+      q.qzeros.resize(size_t(in / gs * out / 8));
+      q.scales.resize(size_t(in / gs * out));
+      awq::quantize(generate(t, seed).data(), out, in, gs, q.qweight.data(), q.qzeros.data(), q.scales.data());
+      cache->first = t.name;
+      cache->second = std::move(q);
+    }
+    return cache->second;
+  };
+  std::vector<OutTensor> out;
+  for (const TensorSpec& t : ts) {
+    const std::string prefix = t.name.substr(0, t.name.rfind('.'));
+    const bool quant = mode != Mode::Plain && is_projection(t.name) && !awq::not_converted(
+        awq::Config{4, gs, true, "gemm", s.awq_not_convert}, prefix);
+    if (quant) {
+      const int64_t o = t.shape[0], in = t.shape[1];
+      if (gs <= 0 || gs % 32 != 0) fail("fixture: AWQ group size ", gs, " is not a positive multiple of 32");
+      if (in % gs != 0 || o % 8 != 0)
+        fail("fixture: ", t.name, " [", o, ", ", in, "] cannot be AWQ-quantized with group size ", gs,
+             " (in features must be a multiple of it, out features of 8)");
+    }
+    if (quant && mode == Mode::Awq) {
+      const int64_t o = t.shape[0], in = t.shape[1];
+      out.push_back({prefix + ".qweight", "I32", {in, o / 8}, [=] { return raw_bytes(quantized(t).qweight); }});
+      out.push_back({prefix + ".qzeros", "I32", {in / gs, o / 8}, [=] { return raw_bytes(quantized(t).qzeros); }});
+      out.push_back({prefix + ".scales", "F16", {in / gs, o}, [=] { return raw_bytes(quantized(t).scales); }});
+    } else if (quant) {  // AwqDequant
+      const int64_t o = t.shape[0], in = t.shape[1];
+      out.push_back({t.name, "F32", t.shape, [=] {
+                       const AwqTensors& q = quantized(t);
+                       std::vector<float> w(size_t(o * in));
+                       awq::dequantize(q.qweight.data(), q.qzeros.data(), q.scales.data(), in, o, gs, w.data());
+                       return raw_bytes(w);
+                     }});
+    } else if (mode == Mode::AwqDequant) {
+      const std::string dt = s.dtype;
+      out.push_back({t.name, "F32", t.shape, [=] {
+                       std::vector<float> v = generate(t, seed);
+                       for (float& x : v) x = round_to(x, dt);
+                       return raw_bytes(v);
+                     }});
+    } else {
+      const std::string dt = s.dtype;
+      out.push_back({t.name, dt == "f32" ? "F32" : dt == "f16" ? "F16" : "BF16", t.shape,
+                     [=] { return encode(generate(t, seed), dt); }});
+    }
+  }
+  return out;
+}
+
+void write_weights(const std::string& dir, const std::vector<OutTensor>& ts, int shards) {
+  namespace fs = std::filesystem;
+  fs::remove(path_join(dir, "model.safetensors"));
+  fs::remove(path_join(dir, "model.safetensors.index.json"));
+  if (shards <= 1) {
+    write_file(path_join(dir, "model.safetensors"), ts);
+    return;
+  }
+  ordered_json index;
+  uint64_t total = 0;
+  for (const auto& t : ts) total += t.nbytes();
+  index["metadata"] = {{"total_size", total}};
+  const size_t per = (ts.size() + size_t(shards) - 1) / size_t(shards);
+  for (int sh = 0; sh < shards; ++sh) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", sh + 1, shards);
+    std::vector<OutTensor> part(ts.begin() + std::min(ts.size(), sh * per),
+                                ts.begin() + std::min(ts.size(), (sh + 1) * per));
+    write_file(path_join(dir, name), part);
+    for (const auto& t : part) index["weight_map"][t.name] = name;
+  }
+  std::ofstream(path_join(dir, "model.safetensors.index.json")) << index.dump(2) << "\n";
 }
 
 }  // namespace
@@ -128,6 +271,7 @@ void write_fixture_model(const std::string& dir, const FixtureSpec& s) {
     fail("fixture: unknown arch \"", s.arch, "\"");
   if (s.dtype != "f32" && s.dtype != "f16" && s.dtype != "bf16") fail("fixture: unknown dtype \"", s.dtype, "\"");
   if (s.heads % s.kv_heads) fail("fixture: heads must be a multiple of kv_heads");
+  if (!s.dequant_dir.empty() && s.quant.empty()) fail("fixture: a dequantized reference needs a quantization (awq)");
   fs::create_directories(dir);
 
   // Tokenizer first: its size decides the vocabulary when none is given.
@@ -194,6 +338,15 @@ void write_fixture_model(const std::string& dir, const FixtureSpec& s) {
   } else if (s.sliding_window > 0 && s.arch != "mistral") {
     fail("fixture: sliding_window needs arch mistral, qwen2 or qwen3");
   }
+  if (s.quant == "awq") {
+    // As transformers writes an AutoAWQ checkpoint's config.json.
+    cfg["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", s.group_size},
+                                  {"zero_point", true}, {"version", "gemm"},
+                                  {"modules_to_not_convert", s.awq_not_convert.empty() ? json(nullptr) : json(s.awq_not_convert)}};
+    cfg["torch_dtype"] = s.dtype == "f32" ? "float32" : s.dtype == "f16" ? "float16" : "bfloat16";
+  } else if (!s.quant.empty()) {
+    fail("fixture: unknown quantization \"", s.quant, "\" (known: awq)");
+  }
   std::ofstream(path_join(dir, "config.json")) << cfg.dump(2) << "\n";
   ordered_json gen;
   if (bos) gen["bos_token_id"] = *bos;
@@ -228,27 +381,21 @@ void write_fixture_model(const std::string& dir, const FixtureSpec& s) {
   ts.push_back({"model.norm.weight", {s.hidden}, 1, 0.1f, true});
   if (!s.tie) ts.push_back({"lm_head.weight", {vocab, s.hidden}, 0, sd, false});
 
-  fs::remove(path_join(dir, "model.safetensors"));
-  fs::remove(path_join(dir, "model.safetensors.index.json"));
-  if (s.shards <= 1) {
-    write_file(path_join(dir, "model.safetensors"), ts, s.dtype, s.seed);
+  if (s.quant.empty()) {
+    write_weights(dir, out_tensors(ts, s, Mode::Plain), s.shards);
     return;
   }
-  ordered_json index;
-  int64_t total = 0;
-  const int64_t es = s.dtype == "f32" ? 4 : 2;
-  for (const auto& t : ts) total += numel(t.shape) * es;
-  index["metadata"] = {{"total_size", total}};
-  const size_t per = (ts.size() + size_t(s.shards) - 1) / size_t(s.shards);
-  for (int sh = 0; sh < s.shards; ++sh) {
-    char name[64];
-    std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", sh + 1, s.shards);
-    std::vector<TensorSpec> part(ts.begin() + std::min(ts.size(), sh * per),
-                                 ts.begin() + std::min(ts.size(), (sh + 1) * per));
-    write_file(path_join(dir, name), part, s.dtype, s.seed);
-    for (const auto& t : part) index["weight_map"][t.name] = name;
-  }
-  std::ofstream(path_join(dir, "model.safetensors.index.json")) << index.dump(2) << "\n";
+  write_weights(dir, out_tensors(ts, s, Mode::Awq), s.shards);
+  if (s.dequant_dir.empty()) return;
+  // The reference: the same directory with f32 weights equal to what the AWQ model holds.
+  fs::create_directories(s.dequant_dir);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"})
+    if (file_exists(path_join(dir, f)))
+      fs::copy_file(path_join(dir, f), path_join(s.dequant_dir, f), fs::copy_options::overwrite_existing);
+  cfg.erase("quantization_config");
+  cfg["torch_dtype"] = "float32";
+  std::ofstream(path_join(s.dequant_dir, "config.json")) << cfg.dump(2) << "\n";
+  write_weights(s.dequant_dir, out_tensors(ts, s, Mode::AwqDequant), s.shards);
 }
 
 }  // namespace kvboost

@@ -103,6 +103,7 @@ WeightFiles WeightFiles::open_dir(const std::string& dir) {
   const std::string index = path_join(dir, "model.safetensors.index.json");
   if (file_exists(single)) {
     w.add_file(single, nullptr);
+    w.apply_quantization(dir);
     return w;
   }
   if (!file_exists(index))
@@ -129,6 +130,7 @@ WeightFiles WeightFiles::open_dir(const std::string& dir) {
     for (const auto& n : names)
       if (!w.tensors_.count(n)) fail(p, ": tensor \"", n, "\" listed in the index is not in this shard");
   }
+  w.apply_quantization(dir);
   return w;
 }
 

@@ -2,7 +2,7 @@
 """One ctest case: KVBoost's logits against Hugging Face transformers on a random-weight fixture.
 
     hf_compare.py --name NAME --kvboost BIN --fixture BIN --workdir DIR [--n-ids 24] [--greedy 16]
-                  -- FIXTURE_FLAGS...
+                  [--hf-on-dequant] [--compare-args ARGS] -- FIXTURE_FLAGS...
 
 1. `kvboost-fixture FIXTURE_FLAGS --out DIR/model` writes the model directory;
 2. `kvboost logits` and tools/oracle/hf_reference.py run the same NAME-seeded id sequence;
@@ -63,6 +63,9 @@ def main():
     ap.add_argument("--n-ids", type=int, default=24)
     ap.add_argument("--greedy", type=int, default=16)
     ap.add_argument("--compare-args", default="", help="extra compare_logits.py flags, e.g. '--rtol 2e-4'")
+    ap.add_argument("--hf-on-dequant", action="store_true",
+                    help="quantized fixture (e.g. --quant awq): kvboost runs the quantized model, transformers "
+                         "the f32 model it exactly represents (kvboost-fixture --dequant-out)")
     ap.add_argument("fixture_flags", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     flags = a.fixture_flags[1:] if a.fixture_flags[:1] == ["--"] else a.fixture_flags
@@ -72,6 +75,10 @@ def main():
     shutil.rmtree(a.workdir, ignore_errors=True)
     os.makedirs(a.workdir)
     model = os.path.join(a.workdir, "model")
+    hf_model = model
+    if a.hf_on_dequant:
+        hf_model = os.path.join(a.workdir, "dequantized")
+        flags = [*flags, "--dequant-out", hf_model]
     run([a.fixture, *flags, "--out", model], "kvboost-fixture")
 
     with open(os.path.join(model, "config.json")) as f:
@@ -88,7 +95,7 @@ def main():
     ref = os.path.join(a.workdir, "hf.json")
     run([a.kvboost, "logits", "--model", model, "--ids", ids, "--greedy", str(a.greedy), "--out", ours],
         "kvboost logits")
-    run([sys.executable, os.path.join(ORACLE_DIR, "hf_reference.py"), "--model", model, "--ids", ids,
+    run([sys.executable, os.path.join(ORACLE_DIR, "hf_reference.py"), "--model", hf_model, "--ids", ids,
          "--greedy", str(a.greedy), "--out", ref], "hf_reference.py")
     run([sys.executable, os.path.join(ORACLE_DIR, "compare_logits.py"), ours, ref, "--label", a.name,
          *shlex.split(a.compare_args)], "compare_logits.py")
