@@ -11,12 +11,12 @@ namespace kvboost::kernels {
 
 // Weight element types as stored in checkpoint files. F32/F16/BF16 are plain elements; the
 // others are blocks that stay quantized in memory (matmul reads them directly):
-//   Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: the GGUF / ggml block layouts (GgmlType, below);
+//   Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K: the GGUF / ggml block layouts (GgmlType, below);
 //   Q4_Z: 20 bytes / 32 elements: f16 d, uint8 z (0..15), uint8 reserved (0), uint8 qs[16]
 //         (low nibbles = elements 0..15, high nibbles = elements 16..31, as Q4_0);
 //         x = d * (q - z). AWQ's int4 groups (zero point per group) converted at load.
 enum class WType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, Q4_0 = 4, Q4_K = 5, Q5_K = 6,
-                             Q6_K = 7, Q4_Z = 8 };
+                             Q6_K = 7, Q4_Z = 8, Q5_0 = 9 };
 const char* wtype_name(WType);  // "F32", "Q4_K", ... (the dtype strings of TensorInfo)
 // Element size in bytes of a plain type (4 or 2). Throws Error for a quantized type, whose
 // elements have no size of their own: use wtype_row_bytes.
@@ -101,6 +101,10 @@ void rope_shift(float* k, int64_t n_tokens, int64_t n_heads, int64_t head_dim, c
 // y[i] = silu(gate[i]) * up[i]; gate/up/y: [n]. y may alias gate.
 void silu_mul(const float* gate, const float* up, float* y, int64_t n);
 void silu_mul_ref(const float* gate, const float* up, float* y, int64_t n);
+// y[i] = gelu_tanh(gate[i]) * up[i], gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+// (Gemma's gated MLP, GeGLU). gate/up/y: [n]. y may alias gate.
+void gelu_tanh_mul(const float* gate, const float* up, float* y, int64_t n);
+void gelu_tanh_mul_ref(const float* gate, const float* up, float* y, int64_t n);
 
 // Causal grouped-query attention over a contiguous KV cache.
 // q:   [n_q, n_heads, head_dim]   queries for positions q_pos0 .. q_pos0 + n_q - 1
@@ -168,6 +172,9 @@ void to_f32(const void* src, WType wt, float* dst, int64_t n);
 //   Q8_0: 34 bytes / 32 elements: f16 d, int8 q[32];             x = d * q
 //   Q4_0: 18 bytes / 32 elements: f16 d, uint8 qs[16];           x = d * (nibble - 8), low
 //         nibbles are elements 0..15, high nibbles 16..31
+//   Q5_0: 22 bytes / 32 elements: f16 d, uint8 qh[4] (bit j of the little-endian uint32 is the
+//         5th bit of element j), qs[16] (nibbles as Q4_0); x = d * ((nibble | bit << 4) - 16).
+//         llama.cpp's fallback for rows that are not whole 256-blocks (Gemma 3 270M: K = 640)
 //   Q4_K: 144 bytes / 256: f16 d, f16 dmin, 12 bytes of 6-bit (scale, min) for 8 sub-blocks of
 //         32, qs[128] (bytes 32c..32c+31 hold sub-block 2c in low nibbles, 2c+1 in high);
 //         x = d*scale_j * q - dmin*min_j
@@ -175,7 +182,7 @@ void to_f32(const void* src, WType wt, float* dst, int64_t n);
 //         element l of sub-block j
 //   Q6_K: 210 bytes / 256: ql[128], qh[64], int8 scales[16] (one per 16 elements), f16 d;
 //         x = d * scale * (q6 - 32)
-enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, Q4_K = 12, Q5_K = 13,
+enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13,
                                  Q6_K = 14, BF16 = 30 };
 // True for the types above; `id` is a raw type id from a file.
 bool ggml_type_supported(uint32_t id);

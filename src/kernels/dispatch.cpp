@@ -18,6 +18,7 @@ const char* wtype_name(WType t) {
     case WType::BF16: return "BF16";
     case WType::Q8_0: return "Q8_0";
     case WType::Q4_0: return "Q4_0";
+    case WType::Q5_0: return "Q5_0";
     case WType::Q4_K: return "Q4_K";
     case WType::Q5_K: return "Q5_K";
     case WType::Q6_K: return "Q6_K";
@@ -65,6 +66,11 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t 
 void silu_mul(const float* gate, const float* up, float* y, int64_t n) {
   if (active_isa() >= Isa::Avx2) return cpu::silu_mul_avx2(gate, up, y, n);
   silu_mul_ref(gate, up, y, n);
+}
+
+void gelu_tanh_mul(const float* gate, const float* up, float* y, int64_t n) {
+  if (active_isa() >= Isa::Avx2) return cpu::gelu_tanh_mul_avx2(gate, up, y, n);
+  gelu_tanh_mul_ref(gate, up, y, n);
 }
 
 void attention(const float* q, const float* k, const float* v, float* out, int64_t n_q,

@@ -1,5 +1,5 @@
 // Dequantization of ggml blocks: every ISA path bit-identical to the scalar reference on
-// random blocks, hand-computed values for Q8_0 / Q4_0 / Q4_K, and argument errors. The
+// random blocks, hand-computed values for Q8_0 / Q4_0 / Q5_0 / Q4_K, and argument errors. The
 // comparison against the gguf Python package is in tests/model/test_gguf.cpp (DequantOracle).
 #include <cmath>
 #include <cstring>
@@ -15,8 +15,8 @@ using kernels::GgmlType;
 
 namespace {
 
-const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,
-                           GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0,
+                           GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
 
 void put_f16(uint8_t* p, float f) {
   const uint16_t h = f32_to_f16(f);
@@ -38,7 +38,7 @@ std::vector<uint8_t> random_blocks(GgmlType t, int64_t n, std::mt19937& rng) {
         break;
       case GgmlType::F16: put_f16(p, u(rng)); break;
       case GgmlType::BF16: { uint16_t h = f32_to_bf16(u(rng)); std::memcpy(p, &h, 2); } break;
-      case GgmlType::Q8_0: case GgmlType::Q4_0: put_f16(p, u(rng) * 0.1f); break;
+      case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q5_0: put_f16(p, u(rng) * 0.1f); break;
       case GgmlType::Q4_K: case GgmlType::Q5_K: put_f16(p, u(rng) * 0.01f); put_f16(p + 2, u(rng) * 0.01f); break;
       case GgmlType::Q6_K: put_f16(p + 208, u(rng) * 0.01f); break;
     }
@@ -51,6 +51,8 @@ std::vector<uint8_t> random_blocks(GgmlType t, int64_t n, std::mt19937& rng) {
 TEST(Dequant, BlockSizes) {
   EXPECT_EQ(kernels::ggml_row_bytes(GgmlType::Q8_0, 64), 68);
   EXPECT_EQ(kernels::ggml_row_bytes(GgmlType::Q4_0, 32), 18);
+  EXPECT_EQ(kernels::ggml_row_bytes(GgmlType::Q5_0, 640), 440);
+  EXPECT_TRUE(kernels::ggml_type_supported(6));
   EXPECT_EQ(kernels::ggml_row_bytes(GgmlType::Q4_K, 512), 288);
   EXPECT_EQ(kernels::ggml_row_bytes(GgmlType::Q5_K, 256), 176);
   EXPECT_EQ(kernels::ggml_row_bytes(GgmlType::Q6_K, 256), 210);
@@ -100,6 +102,13 @@ TEST(Dequant, HandComputedBlocks) {
     q4k[4 + j + 8] = uint8_t((sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4));
   }
   std::memset(q4k + 16, 0x33, 128);
+  // Q5_0: d = 0.25, byte j = (lo = j, hi = 15 - j), qh = 0xAAAA0F0F: elements 0..3, 8..11 and
+  // the odd ones of 16..31 get the 5th bit.
+  uint8_t q5[22];
+  put_f16(q5, 0.25f);
+  const uint32_t qh5 = 0xAAAA0F0Fu;
+  std::memcpy(q5 + 2, &qh5, 4);
+  for (int j = 0; j < 16; ++j) q5[6 + j] = uint8_t(j | ((15 - j) << 4));
   const Isa saved = active_isa();
   for (Isa isa : {Isa::Scalar, Isa::Avx2}) {
     set_active_isa(isa);
@@ -110,6 +119,11 @@ TEST(Dequant, HandComputedBlocks) {
     for (int j = 0; j < 16; ++j) {
       EXPECT_EQ(y[j], 2.0f * float(j - 8));
       EXPECT_EQ(y[j + 16], 2.0f * float(7 - j));
+    }
+    kernels::dequantize_row(q5, GgmlType::Q5_0, y, 32);
+    for (int j = 0; j < 16; ++j) {
+      EXPECT_EQ(y[j], 0.25f * float((j | int((qh5 >> j) & 1) << 4) - 16)) << j;
+      EXPECT_EQ(y[j + 16], 0.25f * float(((15 - j) | int(j % 2) << 4) - 16)) << j;
     }
     kernels::dequantize_row(q4k, GgmlType::Q4_K, y, 256);
     for (int j = 0; j < 8; ++j)
@@ -131,7 +145,7 @@ TEST(Dequant, Throughput) {
   std::mt19937 rng(9);
   const int64_t n = int64_t(1) << 20;
   const Isa saved = active_isa();
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     auto src = random_blocks(t, n, rng);
     std::vector<float> y(static_cast<size_t>(n));
     for (Isa isa : {Isa::Scalar, Isa::Avx2}) {

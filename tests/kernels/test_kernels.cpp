@@ -89,6 +89,14 @@ TEST(Kernels, RmsNormAndSiluMatchReference) {
         const double exact = double(gte[i]) / (1 + std::exp(-double(gte[i]))) * up[i];
         ASSERT_NEAR(s[i], exact, 1e-5 * (1 + std::fabs(exact)));
       }
+      gelu_tanh_mul(gte.data(), up.data(), s.data(), dim);
+      gelu_tanh_mul_ref(gte.data(), up.data(), sr.data(), dim);
+      for (int64_t i = 0; i < dim; ++i) {
+        ASSERT_NEAR(s[i], sr[i], 1e-5f * (1 + std::fabs(sr[i])));
+        const double g = gte[i];
+        const double exact = 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * up[i];
+        ASSERT_NEAR(s[i], exact, 1e-5 * (1 + std::fabs(exact)));
+      }
     }
   }
 }

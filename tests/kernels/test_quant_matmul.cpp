@@ -1,4 +1,4 @@
-// matmul over quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q4_Z) on every ISA path against
+// matmul over quantized weights (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, Q4_Z) on every ISA path against
 // matmul_ref (the weight row dequantized exactly, double accumulation), shapes with M = 1
 // (decode GEMV) and M > 1 (token tiles), odd N, K of several blocks, with and without bias.
 //
@@ -28,7 +28,7 @@ using kernel_test::IsaGuard;
 using kernel_test::isas;
 using kernel_test::randv;
 
-const WType kQTypes[] = {WType::Q8_0, WType::Q4_0, WType::Q4_K, WType::Q5_K, WType::Q6_K, WType::Q4_Z};
+const WType kQTypes[] = {WType::Q8_0, WType::Q4_0, WType::Q5_0, WType::Q4_K, WType::Q5_K, WType::Q6_K, WType::Q4_Z};
 
 void put_f16(uint8_t* p, float f) {
   const uint16_t h = f32_to_f16(f);
@@ -55,6 +55,20 @@ void quant_q4_0(const float* x, uint8_t* b) {  // ggml: d = (signed max) / -8
     const int lo = clampi(int(x[j] * id + 8.5f), 0, 15), hi = clampi(int(x[j + 16] * id + 8.5f), 0, 15);
     b[2 + j] = uint8_t(lo | (hi << 4));
   }
+}
+void quant_q5_0(const float* x, uint8_t* b) {  // ggml quantize_row_q5_0_ref: d = (signed max) / -16
+  float amax = 0, mx = 0;
+  for (int i = 0; i < 32; ++i)
+    if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), mx = x[i];
+  const float d = mx / -16, id = d != 0 ? 1 / d : 0;
+  put_f16(b, d);
+  uint32_t qh = 0;
+  for (int j = 0; j < 16; ++j) {
+    const int lo = clampi(int(x[j] * id + 16.5f), 0, 31), hi = clampi(int(x[j + 16] * id + 16.5f), 0, 31);
+    b[6 + j] = uint8_t((lo & 0xF) | ((hi & 0xF) << 4));
+    qh |= uint32_t(lo >> 4) << j | uint32_t(hi >> 4) << (j + 16);
+  }
+  for (int i = 0; i < 4; ++i) b[2 + i] = uint8_t(qh >> (8 * i));
 }
 void quant_q4_z(const float* x, uint8_t* b) {  // asymmetric: min..max over 16 levels
   float lo = x[0], hi = x[0];
@@ -146,6 +160,7 @@ std::vector<uint8_t> quantize_rows(const std::vector<float>& w, WType wt, int64_
     switch (wt) {
       case WType::Q8_0: quant_q8_0(x, b); break;
       case WType::Q4_0: quant_q4_0(x, b); break;
+      case WType::Q5_0: quant_q5_0(x, b); break;
       case WType::Q4_Z: quant_q4_z(x, b); break;
       case WType::Q4_K: quant_q45_k(x, b, false); break;
       case WType::Q5_K: quant_q45_k(x, b, true); break;
@@ -166,7 +181,7 @@ std::vector<uint8_t> random_blocks(WType wt, int64_t N, int64_t K, uint64_t seed
   for (int64_t i = 0; i < nb; ++i) {
     uint8_t* p = b.data() + i * bb;
     switch (wt) {
-      case WType::Q8_0: case WType::Q4_0: put_f16(p, u(rng) * 0.05f); break;
+      case WType::Q8_0: case WType::Q4_0: case WType::Q5_0: put_f16(p, u(rng) * 0.05f); break;
       case WType::Q4_Z: put_f16(p, std::fabs(u(rng)) * 0.05f), p[2] &= 0x0F, p[3] = 0; break;
       case WType::Q4_K: case WType::Q5_K: put_f16(p, u(rng) * 0.002f), put_f16(p + 2, u(rng) * 0.002f); break;
       case WType::Q6_K: put_f16(p + 208, u(rng) * 0.001f); break;
@@ -265,6 +280,7 @@ TEST(QuantMatmul, Sizes) {
   EXPECT_EQ(wtype_row_bytes(WType::Q8_0, 64), 68);
   EXPECT_EQ(wtype_row_bytes(WType::Q4_0, 32), 18);
   EXPECT_EQ(wtype_row_bytes(WType::Q4_Z, 64), 40);
+  EXPECT_EQ(wtype_row_bytes(WType::Q5_0, 640), 440);
   EXPECT_EQ(wtype_row_bytes(WType::Q4_K, 512), 288);
   EXPECT_EQ(wtype_row_bytes(WType::Q5_K, 256), 176);
   EXPECT_EQ(wtype_row_bytes(WType::Q6_K, 256), 210);
@@ -278,6 +294,7 @@ TEST(QuantMatmul, Sizes) {
   EXPECT_FALSE(wtype_is_quantized(WType::F16));
   EXPECT_THROW(wtype_row_bytes(WType::Q4_K, 300), Error);
   EXPECT_STREQ(wtype_name(WType::Q4_Z), "Q4_Z");
+  EXPECT_STREQ(wtype_name(WType::Q5_0), "Q5_0");
 }
 
 TEST(QuantMatmul, Errors) {

@@ -20,6 +20,7 @@ void matmul_packed_avx2(const float* x, const PackedWeight& w, const float* bias
 
 void rms_norm_avx2(const float* x, const float* w, float* y, int64_t n_rows, int64_t dim, float eps);
 void silu_mul_avx2(const float* gate, const float* up, float* y, int64_t n);
+void gelu_tanh_mul_avx2(const float* gate, const float* up, float* y, int64_t n);
 
 void attention_avx2(const float* q, const float* k, const float* v, float* out, int64_t n_q,
                     int64_t q_pos0, int64_t n_kv_tokens, int64_t n_heads, int64_t n_kv_heads,

@@ -31,6 +31,21 @@ void deq_q4_0(const uint8_t* b, float* y, int64_t nb) {
   }
 }
 
+// ggml-common.h block_q5_0 / ggml-quants.c dequantize_row_q5_0; gguf quants.py Q5_0 computes
+// d * float(q - 16) the same way.
+void deq_q5_0(const uint8_t* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, b += 22, y += 32) {
+    const float d = h2f(b);
+    const uint32_t qh = uint32_t(b[2]) | uint32_t(b[3]) << 8 | uint32_t(b[4]) << 16 | uint32_t(b[5]) << 24;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (b[6 + j] & 0x0F) | int((qh >> j) & 1) << 4;
+      const int hi = (b[6 + j] >> 4) | int((qh >> (j + 16)) & 1) << 4;
+      y[j] = d * float(lo - 16);
+      y[j + 16] = d * float(hi - 16);
+    }
+  }
+}
+
 void deq_q4_k(const uint8_t* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, b += 144, y += 256) {
     const float d = h2f(b), dmin = h2f(b + 2);
@@ -92,7 +107,7 @@ void deq_q6_k(const uint8_t* b, float* y, int64_t nb) {
 bool ggml_type_supported(uint32_t id) {
   switch (GgmlType(id)) {
     case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q4_0:
-    case GgmlType::Q8_0: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+    case GgmlType::Q5_0: case GgmlType::Q8_0: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
       return true;
   }
   return false;
@@ -104,6 +119,7 @@ const char* ggml_type_name(GgmlType t) {
     case GgmlType::F16: return "F16";
     case GgmlType::BF16: return "BF16";
     case GgmlType::Q4_0: return "Q4_0";
+    case GgmlType::Q5_0: return "Q5_0";
     case GgmlType::Q8_0: return "Q8_0";
     case GgmlType::Q4_K: return "Q4_K";
     case GgmlType::Q5_K: return "Q5_K";
@@ -115,7 +131,7 @@ const char* ggml_type_name(GgmlType t) {
 int64_t ggml_block_elems(GgmlType t) {
   switch (t) {
     case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: return 1;
-    case GgmlType::Q4_0: case GgmlType::Q8_0: return 32;
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return 32;
     case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: return 256;
   }
   fail("ggml type ", uint32_t(t), " is not supported");
@@ -126,6 +142,7 @@ int64_t ggml_block_bytes(GgmlType t) {
     case GgmlType::F32: return 4;
     case GgmlType::F16: case GgmlType::BF16: return 2;
     case GgmlType::Q4_0: return 18;
+    case GgmlType::Q5_0: return 22;
     case GgmlType::Q8_0: return 34;
     case GgmlType::Q4_K: return 144;
     case GgmlType::Q5_K: return 176;
@@ -154,6 +171,7 @@ void dequantize_row_ref(const void* src, GgmlType t, float* dst, int64_t n) {
       return;
     case GgmlType::Q8_0: return deq_q8_0(s, dst, n / 32);
     case GgmlType::Q4_0: return deq_q4_0(s, dst, n / 32);
+    case GgmlType::Q5_0: return deq_q5_0(s, dst, n / 32);
     case GgmlType::Q4_K: return deq_q4_k(s, dst, n / 256);
     case GgmlType::Q5_K: return deq_q5_k(s, dst, n / 256);
     case GgmlType::Q6_K: return deq_q6_k(s, dst, n / 256);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "cpu/cpu_kernels.h"
+#include "cpu/q5_avx2.h"
 #include "kvboost/common.h"
 
 namespace kvboost::kernels::cpu {
@@ -50,6 +51,19 @@ void deq_q4_0(const uint8_t* b, float* y, int64_t nb) {
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
     const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, mask), eight);
     const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), mask), eight);
+    store16_signed(lo, d, y);
+    store16_signed(hi, d, y + 16);
+  }
+}
+
+void deq_q5_0(const uint8_t* b, float* y, int64_t nb) {
+  const __m128i mask = _mm_set1_epi8(0x0F), k16 = _mm_set1_epi8(16);
+  for (int64_t i = 0; i < nb; ++i, b += 22, y += 32) {
+    const __m256 d = _mm256_set1_ps(h2f(b));
+    const __m256i hb = q5_high_bits(b + 2);  // 0x10 where element j has its 5th bit
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6));
+    const __m128i lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(q, mask), _mm256_castsi256_si128(hb)), k16);
+    const __m128i hi = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), mask), _mm256_extracti128_si256(hb, 1)), k16);
     store16_signed(lo, d, y);
     store16_signed(hi, d, y + 16);
   }
@@ -137,6 +151,7 @@ void dequantize_row_avx2(const void* src, GgmlType t, float* dst, int64_t n) {
     }
     case GgmlType::Q8_0: return deq_q8_0(s, dst, n / 32);
     case GgmlType::Q4_0: return deq_q4_0(s, dst, n / 32);
+    case GgmlType::Q5_0: return deq_q5_0(s, dst, n / 32);
     case GgmlType::Q4_K: return deq_q45_k<false>(s, dst, n / 256);
     case GgmlType::Q5_K: return deq_q45_k<true>(s, dst, n / 256);
     case GgmlType::Q6_K: return deq_q6_k(s, dst, n / 256);

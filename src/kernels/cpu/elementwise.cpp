@@ -17,6 +17,10 @@ void silu_mul_ref(const float* gate, const float* up, float* y, int64_t n) {
   cpu::scalar_impl::silu_mul(gate, up, y, n);
 }
 
+void gelu_tanh_mul_ref(const float* gate, const float* up, float* y, int64_t n) {
+  cpu::scalar_impl::gelu_tanh_mul(gate, up, y, n);
+}
+
 void rope_rotate_half(float* x, const float* cos, const float* sin, int64_t n_tokens,
                       int64_t n_heads, int64_t head_dim) {
   const int64_t half = head_dim / 2;

@@ -13,4 +13,8 @@ void silu_mul_avx2(const float* gate, const float* up, float* y, int64_t n) {
   avx2_impl::silu_mul(gate, up, y, n);
 }
 
+void gelu_tanh_mul_avx2(const float* gate, const float* up, float* y, int64_t n) {
+  avx2_impl::gelu_tanh_mul(gate, up, y, n);
+}
+
 }  // namespace kvboost::kernels::cpu

@@ -31,4 +31,14 @@ inline void silu_mul(const float* gate, const float* up, float* y, int64_t n) {
   }
 }
 
+// GELU, tanh approximation (ggml_gelu_f32, PyTorch gelu(approximate="tanh")), times up.
+inline void gelu_tanh_mul(const float* gate, const float* up, float* y, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f, kCoef = 0.044715f;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    y[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * g * (1.0f + kCoef * g * g))) * up[i];
+  }
+}
+
 }  // namespace kvboost::kernels::cpu::KVBOOST_ISA_NS

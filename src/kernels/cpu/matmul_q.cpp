@@ -1,4 +1,4 @@
-// Quantized weights (kernels.h WType Q8_0 .. Q4_Z): block sizes, the scalar reference
+// Quantized weights (kernels.h WType Q8_0 .. Q5_0): block sizes, the scalar reference
 // dequantization of a row, activation quantization, and the scalar integer-dot matmul that
 // KVBOOST_ISA=scalar (or a CPU without AVX2) runs. The AVX2 version is matmul_q_avx2.cpp; both
 // follow one scheme (llama.cpp's): activations to int8 blocks of 32 with an f32 scale, integer
@@ -19,6 +19,7 @@ GgmlType ggml_of(WType t) {
   switch (t) {
     case WType::Q8_0: return GgmlType::Q8_0;
     case WType::Q4_0: return GgmlType::Q4_0;
+    case WType::Q5_0: return GgmlType::Q5_0;
     case WType::Q4_K: return GgmlType::Q4_K;
     case WType::Q5_K: return GgmlType::Q5_K;
     case WType::Q6_K: return GgmlType::Q6_K;
@@ -31,8 +32,8 @@ inline float h2f(const uint8_t* p) { return f16_to_f32(uint16_t(p[0] | (uint16_t
 
 bool wtype_is_quantized(WType t) {
   switch (t) {
-    case WType::Q8_0: case WType::Q4_0: case WType::Q4_K: case WType::Q5_K: case WType::Q6_K:
-    case WType::Q4_Z:
+    case WType::Q8_0: case WType::Q4_0: case WType::Q5_0: case WType::Q4_K: case WType::Q5_K:
+    case WType::Q6_K: case WType::Q4_Z:
       return true;
     default: return false;
   }
@@ -41,7 +42,7 @@ bool wtype_is_quantized(WType t) {
 int64_t wtype_block_elems(WType t) {
   switch (t) {
     case WType::F32: case WType::F16: case WType::BF16: return 1;
-    case WType::Q8_0: case WType::Q4_0: case WType::Q4_Z: return 32;
+    case WType::Q8_0: case WType::Q4_0: case WType::Q5_0: case WType::Q4_Z: return 32;
     case WType::Q4_K: case WType::Q5_K: case WType::Q6_K: return 256;
   }
   fail("wtype ", int(t), " is not a weight type");
@@ -53,6 +54,7 @@ int64_t wtype_block_bytes(WType t) {
     case WType::F16: case WType::BF16: return 2;
     case WType::Q8_0: return 34;
     case WType::Q4_0: return 18;
+    case WType::Q5_0: return 22;
     case WType::Q4_Z: return 20;
     case WType::Q4_K: return 144;
     case WType::Q5_K: return 176;
@@ -160,6 +162,15 @@ void decode_block(WType wt, const uint8_t* b, Decoded& o) {
       for (int j = 0; j < 16; ++j) {
         o.w[j] = int8_t((qs[j] & 0x0F) - z);
         o.w[j + 16] = int8_t((qs[j] >> 4) - z);
+      }
+      return;
+    }
+    case WType::Q5_0: {
+      const uint32_t qh = uint32_t(b[2]) | uint32_t(b[3]) << 8 | uint32_t(b[4]) << 16 | uint32_t(b[5]) << 24;
+      o.n_sub = 1, o.fsc[0] = h2f(b), o.fmin[0] = 0.0f, o.isc[0] = o.isc[1] = 1;
+      for (int j = 0; j < 16; ++j) {
+        o.w[j] = int8_t(((b[6 + j] & 0x0F) | int((qh >> j) & 1) << 4) - 16);
+        o.w[j + 16] = int8_t(((b[6 + j] >> 4) | int((qh >> (j + 16)) & 1) << 4) - 16);
       }
       return;
     }

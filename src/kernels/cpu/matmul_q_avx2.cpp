@@ -1,4 +1,4 @@
-// AVX2 matmul over quantized weights (kernels.h WType Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q4_Z).
+// AVX2 matmul over quantized weights (kernels.h WType Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, Q4_Z).
 //
 // Activations are quantized once per call to int8 blocks of 32 (quantize_act). A weight block
 // is unpacked in registers to 32 small integers per 32-element sub-block, and each (token, row)
@@ -22,6 +22,7 @@
 #include <cstring>
 
 #include "cpu/cpu_kernels.h"
+#include "cpu/q5_avx2.h"
 #include "kvboost/common.h"
 
 namespace kvboost::kernels::cpu {
@@ -75,6 +76,16 @@ struct Q<WType::Q4_0> {
   static void prep(const uint8_t* b, RowState& r) { r.b = b, r.fsc[0] = h2f(b); }
   static __m256i unpack(const RowState& r, int) {
     return _mm256_sub_epi8(nibbles16(r.b + 2), _mm256_set1_epi8(8));
+  }
+};
+
+template <>
+struct Q<WType::Q5_0> {
+  static constexpr int kElems = 32, kBytes = 22, kSubs = 1;
+  static constexpr bool kSigned = true, kMin = false, kScale16 = false;
+  static void prep(const uint8_t* b, RowState& r) { r.b = b, r.fsc[0] = h2f(b); }
+  static __m256i unpack(const RowState& r, int) {
+    return _mm256_sub_epi8(_mm256_or_si256(nibbles16(r.b + 6), q5_high_bits(r.b + 2)), _mm256_set1_epi8(16));
   }
 };
 
@@ -314,6 +325,7 @@ void matmul_q_avx2(const float* x, const void* w, WType wt, const float* bias, f
   switch (wt) {
     case WType::Q8_0: return run<WType::Q8_0>(x, wb, bias, y, M, N, K);
     case WType::Q4_0: return run<WType::Q4_0>(x, wb, bias, y, M, N, K);
+    case WType::Q5_0: return run<WType::Q5_0>(x, wb, bias, y, M, N, K);
     case WType::Q4_Z: return run<WType::Q4_Z>(x, wb, bias, y, M, N, K);
     case WType::Q4_K: return run<WType::Q4_K>(x, wb, bias, y, M, N, K);
     case WType::Q5_K: return run<WType::Q5_K>(x, wb, bias, y, M, N, K);
