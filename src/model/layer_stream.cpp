@@ -92,8 +92,9 @@ void LayerStreamer::check_budget(const std::vector<std::vector<TensorRef>>& laye
 }
 
 LayerStreamer::LayerStreamer(const std::vector<std::string>& files, const std::vector<std::vector<TensorRef>>& layers,
-                             uint64_t budget, bool direct)
-    : paths_(files) {
+                             uint64_t budget, bool direct,
+                             std::function<void(bool, int64_t, int64_t)> on_read)
+    : paths_(files), on_read_(std::move(on_read)) {
   if (layers.empty()) fail("layer streaming: the model has no layers");
   if (slot_bytes_for(layers) == 0) fail("layer streaming: the layers have no matrices");
   check_budget(layers, budget);
@@ -203,11 +204,11 @@ void LayerStreamer::reader_loop() {
     const uint64_t k = read_;
     const int64_t layer = int64_t(k % L), slot = int64_t(k % uint64_t(n_slots_));
     lk.unlock();
-    if (on_read) on_read(true, layer, slot);
+    if (on_read_) on_read_(true, layer, slot);
     const double t0 = now_ms();
     std::string err = read_item(layer, slot);
     const double t1 = now_ms();
-    if (on_read) on_read(false, layer, slot);
+    if (on_read_) on_read_(false, layer, slot);
     lk.lock();
     slot_error_[size_t(slot)] = std::move(err);
     stats_.read_ms += t1 - t0;

@@ -75,8 +75,11 @@ class LayerStreamer {
   // Reads tensors of `layers[l]` from `files` (paths; opened now). `budget` bytes of slots.
   // Throws Error when the budget holds fewer than two slots (naming both numbers) or a file
   // cannot be opened. `direct`: try O_DIRECT (falls back to buffered reads per file).
+  // `on_read` (tests): called by the reader thread before (begin = true) and after reading an
+  // item, with the item's layer and slot; set here so that it is in place before the thread runs.
   LayerStreamer(const std::vector<std::string>& files, const std::vector<std::vector<TensorRef>>& layers,
-                uint64_t budget, bool direct = true);
+                uint64_t budget, bool direct = true,
+                std::function<void(bool begin, int64_t layer, int64_t slot)> on_read = {});
   ~LayerStreamer();
   LayerStreamer(const LayerStreamer&) = delete;
   LayerStreamer& operator=(const LayerStreamer&) = delete;
@@ -92,10 +95,6 @@ class LayerStreamer {
   uint64_t slot_bytes() const { return slot_bytes_; }
   uint64_t pass_bytes() const;  // bytes read per pass
   StreamStats stats() const;
-
-  // Test hook: called by the reader thread before (begin = true) and after reading an item,
-  // with the item's layer and slot.
-  std::function<void(bool begin, int64_t layer, int64_t slot)> on_read;
 
   // One forward pass: acquire(l) for l = 0, 1, ... n_layers - 1 in order, each followed by
   // release(). acquire returns the tensors of layer l (same order as given), valid until
@@ -145,6 +144,7 @@ class LayerStreamer {
   std::vector<std::string> slot_error_;  // per slot: error of the item it holds
   bool stop_ = false;
   StreamStats stats_;
+  std::function<void(bool, int64_t, int64_t)> on_read_;
   std::thread reader_;
 };
 

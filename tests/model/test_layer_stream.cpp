@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "gguf_builder.h"
 #include "kvboost/model.h"
 #include "layer_stream.h"
 #include "test_util.h"
@@ -51,19 +52,19 @@ TEST(LayerStreamer, SlotOrderEveryLayerOncePerPassAndNoOverwriteInUse) {
   const int64_t L = 7;
   auto refs = write_layers(dir + "/w.bin", L, sizes);
   const uint64_t slot = LayerStreamer::slot_bytes_for(refs);
-  LayerStreamer s({dir + "/w.bin"}, refs, 3 * slot + 100);
-  ASSERT_EQ(s.n_slots(), 3);
   std::mutex mu;
   std::vector<std::pair<int64_t, int64_t>> reads;  // (layer, slot) in read order
   std::atomic<int64_t> held_slot{-1};
   std::atomic<int> overwrites{0};
-  s.on_read = [&](bool begin, int64_t layer, int64_t sl) {
+  auto on_read = [&](bool begin, int64_t layer, int64_t sl) {
     if (!begin) return;
     if (sl == held_slot.load()) overwrites++;
     std::lock_guard<std::mutex> lk(mu);
     reads.push_back({layer, sl});
     std::this_thread::sleep_for(std::chrono::microseconds(200));  // a slow disk
   };
+  LayerStreamer s({dir + "/w.bin"}, refs, 3 * slot + 100, true, on_read);
+  ASSERT_EQ(s.n_slots(), 3);
   const int passes = 4;
   int64_t k = 0;
   for (int p = 0; p < passes; ++p) {
@@ -302,6 +303,70 @@ TEST(StreamedModel, ConcurrentForwardsStayCorrect) {
     });
   for (auto& th : ts) th.join();
   EXPECT_EQ(bad.load(), 0);
+}
+
+// A llama GGUF: its Q/K rows are un-permuted at load into owned buffers, which have no file
+// offset, so streaming goes through the scratch file for them.
+TEST(StreamedModel, GgufLlamaOwnedTensorsStreamThroughTheScratchFile) {
+  using kernels::GgmlType;
+  test::Builder b;
+  const int64_t H = 64, I = 128, V = 100, L = 4, nh = 4, nkv = 2, hd = 16;
+  b.kv_str("general.architecture", "llama");
+  b.kv_u32("llama.block_count", uint32_t(L));
+  b.kv_u32("llama.embedding_length", uint32_t(H));
+  b.kv_u32("llama.feed_forward_length", uint32_t(I));
+  b.kv_u32("llama.attention.head_count", uint32_t(nh));
+  b.kv_u32("llama.attention.head_count_kv", uint32_t(nkv));
+  b.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  uint32_t seed = 1;
+  auto rnd = [&](int64_t n, float scale) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) seed = seed * 1664525u + 1013904223u, x = scale * (float(seed >> 8) / float(1 << 24) - 0.5f);
+    return v;
+  };
+  auto add = [&](const std::string& name, std::vector<int64_t> ne, float scale) {
+    int64_t n = 1;
+    for (int64_t e : ne) n *= e;
+    const auto v = rnd(n, scale);
+    b.tensor(name, GgmlType::F32, ne, v.data(), v.size() * 4);
+  };
+  add("token_embd.weight", {H, V}, 1.0f);
+  add("output_norm.weight", {H}, 2.0f);
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add(p + "attn_norm.weight", {H}, 2.0f);
+    add(p + "ffn_norm.weight", {H}, 2.0f);
+    add(p + "attn_q.weight", {H, nh * hd}, 0.3f);
+    add(p + "attn_k.weight", {H, nkv * hd}, 0.3f);
+    add(p + "attn_v.weight", {H, nkv * hd}, 0.3f);
+    add(p + "attn_output.weight", {nh * hd, H}, 0.3f);
+    add(p + "ffn_gate.weight", {H, I}, 0.3f);
+    add(p + "ffn_up.weight", {H, I}, 0.3f);
+    add(p + "ffn_down.weight", {I, H}, 0.3f);
+  }
+  const std::string path = test::write(test::make_temp_dir("stream_gguf"), "m.gguf", b.finish());
+  auto resident = Model::load(path);
+  const std::vector<int32_t> ids{1, 17, 30, 4, 99, 50, 3, 71};
+  auto run = [&](const Model& m) {
+    KvCache kv(m.config(), 16);
+    std::vector<float> out(ids.size() * size_t(V));
+    m.forward(ids.data(), int64_t(ids.size()), kv, out.data(), /*all_logits=*/true);
+    std::vector<float> step(static_cast<size_t>(V));
+    const int32_t next = 5;
+    m.forward(&next, 1, kv, step.data());
+    out.insert(out.end(), step.begin(), step.end());
+    return out;
+  };
+  const auto want = run(*resident);
+  LoadOptions o;
+  // 1.5 x two layers' matrices: two slots (extents add alignment and the scratch copy), < 4 layers.
+  o.weight_budget = 3 * uint64_t(4 * (2 * H * nh * hd + 2 * H * nkv * hd + 3 * H * I));
+  auto m = Model::load(path, o);
+  ASSERT_TRUE(m->stream_info().streaming);
+  const auto got = run(*m);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  EXPECT_EQ(m->stream_info().passes, 2u);
 }
 
 }  // namespace
