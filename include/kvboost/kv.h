@@ -106,6 +106,10 @@ class BlockPool {
   // Registers a full block under `hash` (which must not be in the map); returns its reg_id.
   uint64_t register_full(BlockId b, uint64_t hash, std::span<const int32_t> tokens, int32_t ns,
                          uint64_t parent_reg);
+  // Registers a partly filled last block (1 .. block_size - 1 tokens) under `hash`: a finished
+  // sequence's tail, found again by a prompt that continues the same prefix (chat turns).
+  uint64_t register_tail(BlockId b, uint64_t hash, std::span<const int32_t> tokens, int32_t ns,
+                         uint64_t parent_reg);
   void drop_hash(BlockId b);  // forget b's registration (no-op when not cached)
 
   const BlockInfo& info(BlockId b) const;
@@ -232,6 +236,7 @@ struct CopyOp {
 struct PromptAlloc {
   int64_t n_cached = 0;         // prompt tokens whose K/V are already in the block table
   std::vector<CopyOp> copies;   // to perform before anything else touches the pool (≤ 1)
+  int64_t n_tail = 0;           // of n_cached, tokens copied from a cached tail (commit_tail)
 };
 
 struct SlotAlloc {
@@ -270,6 +275,13 @@ class KvCacheManager {
   // Registers the full blocks among tokens[0 .. tokens.size()) (K/V written) not yet registered.
   // Returns the number of blocks newly made findable.
   int64_t commit_full_blocks(SeqId seq, std::span<const int32_t> tokens);
+  // Also makes the partly filled block after the last full one findable (call when the sequence
+  // is about to be freed, with every full block of `tokens` committed): a later prompt that
+  // continues the same verified chain copies the first r matching rows (a CopyOp in its
+  // PromptAlloc) instead of recomputing them — token-granular reuse of a chat turn's last,
+  // incomplete block. Keyed by the chain's parent (one tail per parent: a newer one replaces an
+  // older one). Returns whether a tail was registered.
+  bool commit_tail(SeqId seq, std::span<const int32_t> tokens);
   // dst shares all of src's blocks (parallel sampling, beam search); src must be fully resident.
   void fork(SeqId src, SeqId dst);
   // Drops the sequence. Blocks reach the free list's tail last block first, so among a prefix the
@@ -306,6 +318,11 @@ class KvCacheManager {
   const Seq& get(SeqId seq, const char* what) const;
   int32_t intern_ns(std::string_view ns);
   uint64_t hash(uint64_t parent, std::span<const int32_t> tokens) const;
+  // Key of the cached tail after a chain: the parent hashed with a token id no block can hold.
+  uint64_t tail_key(uint64_t parent) const {
+    static constexpr int32_t kMarker[1] = {-1};
+    return hash(parent, kMarker);
+  }
   void touch(BlockId b) { last_use_[size_t(b)] = ++tick_; }
   std::optional<BlockId> allocate_one();
   bool spill(int64_t n, SeqId pin_seq, int64_t pin_first, int64_t pin_end);

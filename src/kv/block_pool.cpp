@@ -121,6 +121,23 @@ uint64_t BlockPool::register_full(BlockId b, uint64_t hash, std::span<const int3
   return info.reg_id;
 }
 
+uint64_t BlockPool::register_tail(BlockId b, uint64_t hash, std::span<const int32_t> tokens, int32_t ns,
+                                  uint64_t parent_reg) {
+  check(b);
+  BlockInfo& info = blocks_[size_t(b)];
+  if (info.cached) fail("BlockPool: block ", b, " is already registered");
+  if (tokens.empty() || int64_t(tokens.size()) >= block_size_)
+    fail("BlockPool: a tail holds 1 .. ", block_size_ - 1, " tokens, not ", tokens.size());
+  if (!map_.emplace(hash, b).second) fail("BlockPool: hash already registered");
+  info.cached = true;
+  info.hash = hash;
+  info.reg_id = next_reg_++;
+  info.parent_reg = parent_reg;
+  info.ns = ns;
+  info.tokens.assign(tokens.begin(), tokens.end());
+  return info.reg_id;
+}
+
 void BlockPool::drop_hash(BlockId b) {
   check(b);
   BlockInfo& info = blocks_[size_t(b)];

@@ -113,17 +113,42 @@ std::optional<PromptAlloc> KvCacheManager::allocate_for_prompt(SeqId seq,
   const bool all_cached = n_hit * bs == n;  // the last token is recomputed for its logits
   const int64_t n_new = n_total - n_hit + (all_cached ? 1 : 0);
 
+  // A cached tail continuing the verified chain: its first r rows are copied into the block at
+  // n_hit (the last prompt token is always computed, for its logits).
+  std::optional<BlockId> tail;
+  int64_t n_tail = 0;
+  if (!all_cached) {
+    if (const auto t = pool_.find(tail_key(parent_hash))) {
+      const BlockInfo& info = pool_.info(*t);
+      if (info.ns == ns_id && info.parent_reg == parent_reg && int64_t(info.tokens.size()) < bs) {
+        const auto rest = tokens.subspan(size_t(n_hit * bs));
+        const size_t m = std::min(info.tokens.size(), rest.size() - 1);
+        while (size_t(n_tail) < m && info.tokens[size_t(n_tail)] == rest[size_t(n_tail)]) ++n_tail;
+        if (n_tail > 0) tail = *t;
+      }
+    }
+  }
+
   // Feasibility first, so that failure changes nothing (not even the LRU order).
   int64_t hits_free = 0;
   for (BlockId b : hits) hits_free += pool_.info(b).ref_count == 0;
+  if (tail) hits_free += pool_.info(*tail).ref_count == 0;
   if (n_new > pool_.n_free() - hits_free) return std::nullopt;
 
   for (BlockId b : hits) pool_.ref(b);  // before allocating, so allocation cannot evict them
+  if (tail) pool_.ref(*tail);
   Seq s;
   s.blocks = hits;
   const bool ok = pool_.allocate_n(n_new, &s.blocks);
   (void)ok;  // guaranteed by the check above
   PromptAlloc out;
+  if (tail) {
+    // The copy runs before any other manager call (contract above), so dropping the reference
+    // now cannot let the source be reused before its rows are read.
+    out.copies.push_back({*tail, s.blocks[size_t(n_hit)]});
+    pool_.unref(*tail);
+    out.n_tail = n_tail;
+  }
   if (all_cached) {
     // The recomputed token writes K/V into the last block; a cached block is immutable, so the
     // sequence gets a private copy. The source stays cached (back to the LRU tail if unused).
@@ -134,7 +159,7 @@ std::optional<PromptAlloc> KvCacheManager::allocate_for_prompt(SeqId seq,
     out.copies.push_back({src, dst});
     out.n_cached = n - 1;
   } else {
-    out.n_cached = n_hit * bs;
+    out.n_cached = n_hit * bs + n_tail;
   }
   s.cold.assign(s.blocks.size(), -1);
   s.n_tokens = n;
@@ -227,6 +252,25 @@ int64_t KvCacheManager::commit_full_blocks(SeqId seq, std::span<const int32_t> t
     s.n_committed = i + 1;
   }
   return n_new;
+}
+
+bool KvCacheManager::commit_tail(SeqId seq, std::span<const int32_t> tokens) {
+  Seq& s = get(seq, "commit_tail");
+  const int64_t bs = pool_.block_size(), n = int64_t(tokens.size()), n_full = n / bs, r = n % bs;
+  if (n > s.n_tokens) fail("commit_tail: ", n, " tokens but sequence ", seq, " holds ", s.n_tokens);
+  if (r == 0 || s.chain_broken || s.n_committed != n_full || size_t(n_full) >= s.blocks.size()) return false;
+  const BlockId b = s.blocks[size_t(n_full)];
+  if (b == kColdBlock) return false;
+  const BlockInfo& info = pool_.info(b);
+  if (info.cached || info.ref_count != 1) return false;  // shared (forked) blocks stay private
+  const uint64_t key = tail_key(s.chain_hash);
+  if (const auto old = pool_.find(key)) {
+    const BlockInfo& o = pool_.info(*old);
+    if (o.ref_count != 0 || int64_t(o.tokens.size()) >= bs) return false;  // in use, or a collision
+    pool_.drop_hash(*old);
+  }
+  pool_.register_tail(b, key, tokens.subspan(size_t(n_full * bs)), s.ns, s.chain_reg);
+  return true;
 }
 
 void KvCacheManager::fork(SeqId src, SeqId dst) {

@@ -269,6 +269,17 @@ void Engine::after_logits(Request::State& r, float* logits) {
     }
     if (r.opt.on_text && !r.opt.on_text(text)) cancelled = true;
   }
+  if (end || cancelled) {
+    // Every token but the one just sampled has its K/V stored: register the last full blocks
+    // and the partly filled one, so a prompt continuing this text (the next chat turn) reuses
+    // them to the token.
+    if (r.opt.prefix_cache && r.opt.reuse.store && r.seq && kv_->has_seq(r.seq)) {
+      const size_t n = size_t(std::min<int64_t>(int64_t(r.history.size()) - 1, r.exact_limit));
+      const std::span<const int32_t> done(r.history.data(), n);
+      kv_->commit_full_blocks(r.seq, done);
+      kv_->commit_tail(r.seq, done);
+    }
+  }
   if (end) {
     finish(r, end);
   } else if (cancelled) {

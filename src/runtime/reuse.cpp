@@ -120,7 +120,9 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
       first_approx = p;
       break;
     }
-  r.exact_limit = first_approx;
+  // Without approximate positions everything computed after the prompt (the generated tokens)
+  // is exact too, and may become prefix-cache entries: the next chat turn reuses the answer.
+  r.exact_limit = first_approx < n ? first_approx : INT64_MAX;
   std::vector<uint8_t> compute(size_t(n), 0);
   for (int64_t p = frontier; p < n; ++p) compute[size_t(p)] = state[size_t(p)] == 0;  // new tokens
   compute[size_t(n - 1)] = 1;

@@ -331,6 +331,88 @@ TEST(PrefixCache, DecodedBlocksBecomeFindableAfterCommit) {
   EXPECT_EQ(table(m, 2), (Ids{0, 1, 3}));
 }
 
+// A finished sequence's partly filled last block (commit_tail) is found by a prompt continuing
+// the same chain: the matching rows are copied (CopyOp) instead of recomputed.
+TEST(PrefixCache, TailOfAFinishedSequenceIsReusedToTheToken) {
+  KvCacheManager m(10, 4);
+  const Toks a = iota_toks(0, 10);  // blocks [0..4) [4..8) and a tail of 2 tokens
+  ASSERT_TRUE(m.allocate_for_prompt(1, a));
+  EXPECT_EQ(table(m, 1), (Ids{0, 1, 2}));
+  EXPECT_FALSE(m.commit_tail(1, a)) << "full blocks must be committed first";
+  EXPECT_EQ(m.commit_full_blocks(1, a), 2);
+  EXPECT_TRUE(m.commit_tail(1, a));
+  EXPECT_EQ(m.stats().blocks_cached, 3);
+  m.free(1);
+
+  // Continues the text: 8 from full blocks + 2 from the tail.
+  const Toks b = cat(a, {50, 51, 52});
+  auto pb = m.allocate_for_prompt(2, b);
+  ASSERT_TRUE(pb);
+  EXPECT_EQ(pb->n_cached, 10);
+  EXPECT_EQ(pb->n_tail, 2);
+  ASSERT_EQ(pb->copies.size(), 1u);
+  EXPECT_EQ(pb->copies[0].src, 2);
+  EXPECT_EQ(pb->copies[0].dst, table(m, 2)[2]);
+  EXPECT_NE(table(m, 2)[2], 2) << "the cached tail itself is never written";
+  EXPECT_EQ(refs(m, 2), 0);
+  m.free(2);
+
+  // Diverges inside the tail: only the common rows.
+  auto pc = m.allocate_for_prompt(3, cat(iota_toks(0, 9), {77, 78}));
+  ASSERT_TRUE(pc);
+  EXPECT_EQ(pc->n_cached, 9);
+  EXPECT_EQ(pc->n_tail, 1);
+  m.free(3);
+
+  // Exactly the tail's text: the last token is still computed.
+  auto pd = m.allocate_for_prompt(4, a);
+  ASSERT_TRUE(pd);
+  EXPECT_EQ(pd->n_cached, 9);
+  m.free(4);
+
+  // Another namespace, or another parent chain: no tail.
+  auto pe = m.allocate_for_prompt(5, b, "tenant-b");
+  ASSERT_TRUE(pe);
+  EXPECT_EQ(pe->n_cached, 0);
+  m.free(5);
+  auto pf = m.allocate_for_prompt(6, cat(cat(iota_toks(0, 4), {90, 91, 92, 93}), {8, 9, 1}));
+  ASSERT_TRUE(pf);
+  EXPECT_EQ(pf->n_cached, 4);
+  EXPECT_EQ(pf->n_tail, 0);
+  m.free(6);
+}
+
+TEST(PrefixCache, TailIsEvictedLikeAnyCachedBlockAndReplacedByANewerOne) {
+  KvCacheManager m(4, 4);
+  const Toks a = iota_toks(0, 6);
+  ASSERT_TRUE(m.allocate_for_prompt(1, a));
+  m.commit_full_blocks(1, a);
+  ASSERT_TRUE(m.commit_tail(1, a));
+  m.free(1);
+  // A newer tail after the same parent replaces the older one.
+  const Toks a2 = cat(iota_toks(0, 4), {40, 41, 42});
+  auto p2 = m.allocate_for_prompt(2, a2);
+  ASSERT_TRUE(p2);
+  EXPECT_EQ(p2->n_cached, 4);
+  m.commit_full_blocks(2, a2);
+  ASSERT_TRUE(m.commit_tail(2, a2));
+  m.free(2);
+  auto p3 = m.allocate_for_prompt(3, cat(a2, {1}));
+  ASSERT_TRUE(p3);
+  EXPECT_EQ(p3->n_cached, 7);
+  m.free(3);
+  auto p4 = m.allocate_for_prompt(4, cat(a, {1}));
+  ASSERT_TRUE(p4);
+  EXPECT_EQ(p4->n_cached, 4) << "the older tail was replaced";
+  m.free(4);
+  // Filling the pool evicts cached blocks, tails included; afterwards nothing stale is found.
+  ASSERT_TRUE(m.allocate_for_prompt(5, iota_toks(100, 16)));
+  m.free(5);
+  auto p6 = m.allocate_for_prompt(6, cat(a2, {1}));
+  ASSERT_TRUE(p6);
+  EXPECT_EQ(p6->n_cached, 0);
+}
+
 TEST(PrefixCache, MisuseThrows) {
   KvCacheManager m(4, 4);
   EXPECT_THROW(m.append_slot(9), Error);

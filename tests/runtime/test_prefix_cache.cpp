@@ -100,3 +100,29 @@ TEST(PrefixCache, Bf16ModelLogitsMatchFullPrefill) {
   EXPECT_EQ(n_cached, int64_t(b.size()) - 1);
   for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(again[i], ref[i], 1e-4f);
 }
+
+// A chat-style continuation: the next prompt is the previous prompt + its output + new text.
+// Full blocks and the partly filled last block (commit_tail) of the finished request are reused,
+// so everything but the previous output's last token (whose K/V were never computed) is cached,
+// and the output equals a run without any cache.
+TEST(PrefixCache, ContinuationReusesTheFinishedRequestToTheToken) {
+  KVBOOST_REQUIRE_PATH(stories());
+  EngineOptions eo;
+  eo.chunk_store.ram_bytes = 0;  // block cache only: what the chunk store would add is not tested here
+  auto e = Engine::load(stories(), eo);
+  GenerateOptions opt;
+  opt.max_new_tokens = 21;  // 1 + 21 + prompt: a partly filled last block for most prompts
+  const std::vector<int32_t> p1 = e->tokenizer().encode("Once upon a time, there was a little dog named Max.");
+  const GenerateResult r1 = e->generate_ids(p1, opt);
+  ASSERT_EQ(r1.output_ids.size(), 21u);
+  std::vector<int32_t> p2 = p1;
+  p2.insert(p2.end(), r1.output_ids.begin(), r1.output_ids.end());
+  ASSERT_NE(p2.size() % 16, 1u) << "pick a prompt whose tail is longer than one token";
+  const std::vector<int32_t> more = e->tokenizer().encode(" Then he ran home.", false);
+  p2.insert(p2.end(), more.begin(), more.end());
+  const GenerateResult warm = e->generate_ids(p2, opt);
+  EXPECT_EQ(warm.n_cached, int64_t(p1.size() + r1.output_ids.size()) - 1);
+  opt.prefix_cache = false;
+  const GenerateResult cold = e->generate_ids(p2, opt);
+  EXPECT_EQ(warm.output_ids, cold.output_ids);
+}
