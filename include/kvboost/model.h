@@ -35,7 +35,7 @@ struct GenerationDefaults {
 };
 
 struct ModelConfig {
-  std::string model_type;  // llama | mistral | qwen2 | qwen3
+  std::string model_type;  // llama | mistral | qwen2 | qwen3 | gemma3
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t n_layers = 0;
@@ -49,8 +49,20 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections carry a bias (qwen2; llama attention_bias)
-  bool qk_norm = false;         // per-head RMSNorm on q and k before RoPE (qwen3)
+  bool qk_norm = false;         // per-head RMSNorm on q and k before RoPE (qwen3, gemma3)
   std::vector<int64_t> layer_window;  // per layer: sliding-window size, 0 = full attention
+  // ---- Gemma 3 (model_type gemma3; the defaults leave the other families unchanged) ----
+  std::string hidden_act = "silu";  // silu | gelu_pytorch_tanh (the gate activation)
+  float embed_scale = 1.0f;         // embeddings are multiplied by this (gemma3: sqrt(hidden_size))
+  double query_pre_attn_scalar = 0;  // attention scale 1/sqrt(this); 0: 1/sqrt(head_dim)
+  double rope_local_theta = 0;       // RoPE base of sliding-window layers; 0: rope_theta
+  // RMSNorm on the attention output and on the MLP output before each residual add
+  // (post_attention_layernorm / post_feedforward_layernorm; the MLP's input norm is then
+  // pre_feedforward_layernorm).
+  bool sandwich_norms = false;
+  // Added to every RMSNorm weight at load: Hugging Face's Gemma3RMSNorm computes x * (1 + w);
+  // llama.cpp's converter stores 1 + w in GGUF files, so 0 there.
+  float norm_weight_offset = 0.0f;
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;  // generation_config.json first, then config.json
   GenerationDefaults generation;
@@ -62,7 +74,7 @@ struct ModelConfig {
                                const std::string& generation_config_json = "",
                                const std::string& source = "config.json");
   // The same hyper-parameters from a GGUF file's metadata (general.architecture llama | qwen2 |
-  // qwen3, <arch>.block_count, .embedding_length, ...; tie = no output.weight tensor).
+  // qwen3 | gemma3, <arch>.block_count, .embedding_length, ...; tie = no output.weight tensor).
   static ModelConfig from_gguf(const std::string& gguf_path);
 };
 
@@ -275,7 +287,9 @@ class Model {
                            const BlendOptions& opt, float* logits) const;
 
   // RoPE inverse frequencies [head_dim / 2] (rope scaling applied), for re-positioning keys.
+  // Gemma 3's sliding layers rotate with another base: pass the layer for its frequencies.
   const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
+  const std::vector<float>& rope_inv_freq(int64_t layer) const;
 
   struct Layer;
 
@@ -288,6 +302,7 @@ class Model {
   std::vector<Layer> layers_;
   std::vector<float> final_norm_store_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
+  std::vector<float> inv_freq_local_;  // sliding layers' (rope_local_theta), or empty
   std::unique_ptr<stream::LayerStreamer> stream_;  // null: every layer resident
   uint64_t resident_bytes_ = 0;
   void setup_streaming(const LoadOptions& opt);

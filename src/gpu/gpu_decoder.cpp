@@ -417,6 +417,8 @@ Decoder::Decoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Decoder::~Decoder() = default;
 
 std::unique_ptr<Decoder> Decoder::create(const Model& model, const DecoderOptions& opt) {
+  // Gemma 3's extra norms, GELU gate, embedding scale and local RoPE base are CPU-only so far.
+  if (model.config().model_type == "gemma3") fail("GPU decoder: model_type gemma3 is not supported yet (the CPU decoder runs it)");
   if (opt.stream_slots == 1 || opt.stream_slots < 0)
     fail("GPU decoder: stream_slots = ", opt.stream_slots, " (0 = resident, or at least 2 slots)");
   if (opt.max_tokens <= 0 || opt.max_batch <= 0)

@@ -1,6 +1,7 @@
 // config.json / generation_config.json -> ModelConfig, with Hugging Face's defaults per
 // model_type and errors that name the file, field and value.
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "kvboost/model.h"
@@ -10,7 +11,7 @@ namespace kvboost {
 using nlohmann::json;
 
 const std::vector<std::string>& supported_model_types() {
-  static const std::vector<std::string> types = {"llama", "mistral", "qwen2", "qwen3"};
+  static const std::vector<std::string> types = {"llama", "mistral", "qwen2", "qwen3", "gemma3"};
   return types;
 }
 
@@ -104,12 +105,30 @@ ModelConfig ModelConfig::from_json(const std::string& config_json,
   c.max_position_embeddings = get_int(j, "max_position_embeddings", source, 2048);
   c.rms_norm_eps = get_num(j, "rms_norm_eps", source, 1e-6);
   c.rope_theta = get_num(j, "rope_theta", source, 10000.0);
-  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", source, false);
+  const bool gemma3 = c.model_type == "gemma3";
+  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", source, gemma3);
   c.attention_bias = c.model_type == "qwen2" ? true : get_bool(j, "attention_bias", source, false);
-  c.qk_norm = c.model_type == "qwen3";
+  c.qk_norm = c.model_type == "qwen3" || gemma3;
   if (get_bool(j, "mlp_bias", source, false)) fail(source, ": mlp_bias = true is not supported");
-  auto act = j.value("hidden_act", std::string("silu"));
-  if (act != "silu") fail(source, ": hidden_act \"", act, "\" is not supported (only silu)");
+  // Gemma's config names the activation hidden_activation (hidden_act is a legacy field).
+  const char* act_key = gemma3 && j.contains("hidden_activation") ? "hidden_activation" : "hidden_act";
+  c.hidden_act = j.value(act_key, std::string(gemma3 ? "gelu_pytorch_tanh" : "silu"));
+  if (c.hidden_act != "silu" && !(gemma3 && c.hidden_act == "gelu_pytorch_tanh"))
+    fail(source, ": ", act_key, " \"", c.hidden_act, "\" is not supported (", gemma3 ? "gelu_pytorch_tanh" : "silu", ")");
+  if (gemma3) {
+    // Hugging Face Gemma3TextModel: embeddings * sqrt(hidden_size), sandwich norms, q/k norms,
+    // RMSNorm weights as 1 + w, attention scale query_pre_attn_scalar^-0.5, local RoPE base
+    // for the sliding layers.
+    c.embed_scale = std::sqrt(float(c.hidden_size));
+    c.sandwich_norms = true;
+    c.norm_weight_offset = 1.0f;
+    c.query_pre_attn_scalar = get_num(j, "query_pre_attn_scalar", source, double(c.head_dim));
+    if (!(c.query_pre_attn_scalar > 0)) fail(source, ": query_pre_attn_scalar must be positive");
+    c.rope_local_theta = get_num(j, "rope_local_base_freq", source, 10000.0);
+    for (const char* cap : {"final_logit_softcapping", "attn_logit_softcapping"})
+      if (get_num(j, cap, source, 0.0) != 0.0)
+        fail(source, ": ", cap, " = ", j[cap].dump(), " is not supported (Gemma 3 has none)");
+  }
 
   auto rs = j.find("rope_scaling");
   if (rs != j.end() && !rs->is_null()) {
@@ -140,6 +159,12 @@ ModelConfig ModelConfig::from_json(const std::string& config_json,
       fail(source, ": layer_types has ", lt->size(), " entries for ", c.n_layers, " layers");
     for (int64_t i = 0; i < c.n_layers; ++i)
       if ((*lt)[size_t(i)] == "sliding_attention") c.layer_window[size_t(i)] = window;
+  } else if (gemma3) {
+    // Gemma 3: every sliding_window_pattern-th layer is global, the others slide (llama.cpp
+    // llama_hparams::set_swa_pattern: layer il slides iff il % n < n - 1).
+    const int64_t pattern = get_int(j, "sliding_window_pattern", source, 6);
+    for (int64_t i = 0; i < c.n_layers; ++i)
+      if (i % pattern < pattern - 1) c.layer_window[size_t(i)] = window;
   } else if (c.model_type == "mistral") {
     for (auto& w : c.layer_window) w = window;
   } else if (c.model_type == "qwen2" || c.model_type == "qwen3") {

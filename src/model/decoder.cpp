@@ -1,6 +1,7 @@
-// The Llama-family decoder shared by llama, mistral, qwen2 and qwen3: weight binding with
-// shape/dtype checks, RoPE tables, and the forward pass. Architecture differences are
-// configuration (QKV bias, q/k norm, sliding window, rope scaling), not separate code paths.
+// The Llama-family decoder shared by llama, mistral, qwen2, qwen3 and gemma3: weight binding
+// with shape/dtype checks, RoPE tables, and the forward pass. Architecture differences are
+// configuration (QKV bias, q/k norm, sliding window, rope scaling; Gemma 3's embedding scale,
+// sandwich norms, GELU-tanh gate and local RoPE base), not separate code paths.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@ using kernels::WType;
 
 struct Model::Layer {
   std::vector<float> attn_norm, mlp_norm, q_norm, k_norm, q_bias, k_bias, v_bias, o_bias;
+  std::vector<float> post_attn_norm, post_mlp_norm;  // sandwich norms (gemma3), else empty
   Weight wq, wk, wv, wo, w_gate, w_up, w_down;
   int64_t window = 0;
 };
@@ -32,13 +34,13 @@ struct Model::Layer {
 namespace {
 
 // TensorInfo dtype strings are kernels::wtype_name's: F32, F16, BF16, and the quantized blocks
-// Q8_0, Q4_0, Q4_K, Q5_K, Q6_K (GGUF) and Q4_Z (AWQ), which the matmul reads as they are.
+// Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K (GGUF) and Q4_Z (AWQ), which the matmul reads as they are.
 WType wtype_of(const TensorInfo& t) {
-  for (WType w : {WType::F32, WType::F16, WType::BF16, WType::Q8_0, WType::Q4_0, WType::Q4_K, WType::Q5_K,
-                  WType::Q6_K, WType::Q4_Z})
+  for (WType w : {WType::F32, WType::F16, WType::BF16, WType::Q8_0, WType::Q4_0, WType::Q5_0, WType::Q4_K,
+                  WType::Q5_K, WType::Q6_K, WType::Q4_Z})
     if (t.dtype == kernels::wtype_name(w)) return w;
   fail(t.file, ": tensor \"", t.name, "\" has dtype ", t.dtype,
-       " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q4_Z)");
+       " (supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, Q4_Z)");
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -80,12 +82,21 @@ std::vector<float> vec(const WeightFiles& f, const std::string& dir, const std::
   return out;
 }
 
+// An RMSNorm weight as the kernels use it: config's offset added (Gemma's 1 + w).
+std::vector<float> norm_vec(const WeightFiles& f, const std::string& dir, const std::string& name, int64_t n,
+                            const ModelConfig& c) {
+  std::vector<float> v = vec(f, dir, name, n);
+  if (c.norm_weight_offset != 0.0f)
+    for (float& x : v) x += c.norm_weight_offset;
+  return v;
+}
+
 // Hugging Face's inv_freq, in float32 as torch computes it, with llama3 / linear scaling.
-std::vector<float> compute_inv_freq(const ModelConfig& c) {
+std::vector<float> compute_inv_freq(const ModelConfig& c, double theta) {
   const int64_t half = c.head_dim / 2;
   std::vector<float> inv(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
-    inv[size_t(i)] = 1.0f / std::pow(float(c.rope_theta), float(2 * i) / float(c.head_dim));
+    inv[size_t(i)] = 1.0f / std::pow(float(theta), float(2 * i) / float(c.head_dim));
   const RopeScaling& rs = c.rope_scaling;
   if (rs.type == "linear") {
     for (auto& f : inv) f = float(f / rs.factor);
@@ -135,6 +146,11 @@ void Model::forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logits
   kv.set_size(kv.size() + n);
 }
 
+const std::vector<float>& Model::rope_inv_freq(int64_t layer) const {
+  const bool local = !inv_freq_local_.empty() && layers_.at(size_t(layer)).window > 0;
+  return local ? inv_freq_local_ : inv_freq_;
+}
+
 Model::Model() = default;
 Model::~Model() = default;
 
@@ -143,7 +159,8 @@ size_t Model::weight_bytes() const {
   n += final_norm_store_.size() * sizeof(float);
   for (const Layer& L : layers_) {
     for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) n += matrix_bytes(*w);
-    for (const auto* v : {&L.attn_norm, &L.mlp_norm, &L.q_norm, &L.k_norm, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias})
+    for (const auto* v : {&L.attn_norm, &L.mlp_norm, &L.q_norm, &L.k_norm, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias,
+                          &L.post_attn_norm, &L.post_mlp_norm})
       n += v->size() * sizeof(float);
   }
   return n;
@@ -179,7 +196,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
   const int64_t nq = c.n_heads * hd, nkv = c.n_kv_heads * hd;
 
   m->embed_ = matrix(f, dir, "model.embed_tokens.weight", c.vocab_size, H);
-  std::vector<float> fn = vec(f, dir, "model.norm.weight", H);
+  std::vector<float> fn = norm_vec(f, dir, "model.norm.weight", H, c);
   if (c.tie_word_embeddings) {
     m->lm_head_ = m->embed_;
   } else {
@@ -191,8 +208,14 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
   for (int64_t l = 0; l < c.n_layers; ++l) {
     Layer& L = m->layers_[size_t(l)];
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    L.attn_norm = vec(f, dir, p + "input_layernorm.weight", H);
-    L.mlp_norm = vec(f, dir, p + "post_attention_layernorm.weight", H);
+    L.attn_norm = norm_vec(f, dir, p + "input_layernorm.weight", H, c);
+    if (c.sandwich_norms) {  // gemma3: post_attention_layernorm is the attention output's norm
+      L.post_attn_norm = norm_vec(f, dir, p + "post_attention_layernorm.weight", H, c);
+      L.mlp_norm = norm_vec(f, dir, p + "pre_feedforward_layernorm.weight", H, c);
+      L.post_mlp_norm = norm_vec(f, dir, p + "post_feedforward_layernorm.weight", H, c);
+    } else {
+      L.mlp_norm = norm_vec(f, dir, p + "post_attention_layernorm.weight", H, c);
+    }
     L.wq = matrix(f, dir, p + "self_attn.q_proj.weight", nq, H);
     L.wk = matrix(f, dir, p + "self_attn.k_proj.weight", nkv, H);
     L.wv = matrix(f, dir, p + "self_attn.v_proj.weight", nkv, H);
@@ -205,8 +228,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
       if (c.model_type != "qwen2") L.o_bias = vec(f, dir, p + "self_attn.o_proj.bias", H);
     }
     if (c.qk_norm) {
-      L.q_norm = vec(f, dir, p + "self_attn.q_norm.weight", hd);
-      L.k_norm = vec(f, dir, p + "self_attn.k_norm.weight", hd);
+      L.q_norm = norm_vec(f, dir, p + "self_attn.q_norm.weight", hd, c);
+      L.k_norm = norm_vec(f, dir, p + "self_attn.k_norm.weight", hd, c);
     }
     L.w_gate = matrix(f, dir, p + "mlp.gate_proj.weight", I, H);
     L.w_up = matrix(f, dir, p + "mlp.up_proj.weight", I, H);
@@ -217,7 +240,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
   m->final_norm_ = Weight{nullptr, WType::F32, 1, H};
   m->final_norm_store_ = std::move(fn);
   m->final_norm_.data = m->final_norm_store_.data();
-  m->inv_freq_ = compute_inv_freq(c);
+  m->inv_freq_ = compute_inv_freq(c, c.rope_theta);
+  if (c.rope_local_theta > 0 && c.rope_local_theta != c.rope_theta)
+    m->inv_freq_local_ = compute_inv_freq(c, c.rope_local_theta);
   if (opt.weight_budget > 0) m->setup_streaming(opt);
   if (opt.prefault && !m->stream_) {
     f.prefault([&](size_t done, size_t total) {
@@ -384,6 +409,7 @@ struct Rows {
 // Activations of one pass: x [n, H] is the residual stream; the rest is scratch.
 struct Work {
   std::vector<float> x, h, q, k, v, att, gate, up, cos, sin, part, lse, lse_part;
+  std::vector<float> cos_local, sin_local;  // sliding layers with their own RoPE base (gemma3)
   // The current layer's matrices (in kMatNames order) when streamed: they live in a slot of
   // the streamer for this layer only. nullptr: the resident ones of the Layer.
   const Weight* mats = nullptr;
@@ -397,14 +423,23 @@ struct Work {
   }
 };
 
-void rope_tables(const std::vector<float>& inv_freq, const Rows& rows, Work& w) {
+void rope_table(const std::vector<float>& inv_freq, const Rows& rows, std::vector<float>& cos,
+                std::vector<float>& sin) {
   const int64_t half = int64_t(inv_freq.size());
+  cos.resize(size_t(rows.size() * half)), sin.resize(size_t(rows.size() * half));
   for (int64_t t = 0; t < rows.size(); ++t)
     for (int64_t i = 0; i < half; ++i) {
       const float ang = float(rows.pos[size_t(t)]) * inv_freq[size_t(i)];
-      w.cos[size_t(t * half + i)] = float(std::cos(double(ang)));
-      w.sin[size_t(t * half + i)] = float(std::sin(double(ang)));
+      cos[size_t(t * half + i)] = float(std::cos(double(ang)));
+      sin[size_t(t * half + i)] = float(std::sin(double(ang)));
     }
+}
+
+// inv_freq_local: empty unless sliding layers use another RoPE base.
+void rope_tables(const std::vector<float>& inv_freq, const std::vector<float>& inv_freq_local, const Rows& rows,
+                 Work& w) {
+  rope_table(inv_freq, rows, w.cos, w.sin);
+  if (!inv_freq_local.empty()) rope_table(inv_freq_local, rows, w.cos_local, w.sin_local);
 }
 
 void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n) {
@@ -450,7 +485,13 @@ void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void*
   const Weight &w_gate = m ? m[4] : L.w_gate, &w_up = m ? m[5] : L.w_up, &w_down = m ? m[6] : L.w_down;
   const int64_t n = rows.size(), H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
   const int64_t nq = c.n_heads * hd, nkv = c.n_kv_heads * hd;
-  const float scale = 1.0f / std::sqrt(float(hd)), eps = float(c.rms_norm_eps);
+  // Gemma 3 scales by 1/sqrt(query_pre_attn_scalar) (llama.cpp gemma3.cpp: f_attention_scale).
+  const float scale = 1.0f / std::sqrt(float(c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(hd)));
+  const float eps = float(c.rms_norm_eps);
+  // Sliding layers of gemma3 rotate with the local base (llama.cpp get_rope_freq_base).
+  const bool local = L.window > 0 && !w.cos_local.empty();
+  const float* cos = local ? w.cos_local.data() : w.cos.data();
+  const float* sin = local ? w.sin_local.data() : w.sin.data();
   auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
 
   kernels::rms_norm(w.x.data(), L.attn_norm.data(), w.h.data(), n, H, eps);
@@ -461,8 +502,8 @@ void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void*
     if (!kv_only) kernels::rms_norm(w.q.data(), L.q_norm.data(), w.q.data(), n * c.n_heads, hd, eps);
     kernels::rms_norm(w.k.data(), L.k_norm.data(), w.k.data(), n * c.n_kv_heads, hd, eps);
   }
-  if (!kv_only) kernels::rope_rotate_half(w.q.data(), w.cos.data(), w.sin.data(), n, c.n_heads, hd);
-  kernels::rope_rotate_half(w.k.data(), w.cos.data(), w.sin.data(), n, c.n_kv_heads, hd);
+  if (!kv_only) kernels::rope_rotate_half(w.q.data(), cos, sin, n, c.n_heads, hd);
+  kernels::rope_rotate_half(w.k.data(), cos, sin, n, c.n_kv_heads, hd);
   if (before_write) (*before_write)(w.k.data(), w.v.data());
 
   // Every row's K/V into its slot first, so that a run attends to rows of earlier runs.
@@ -506,13 +547,20 @@ void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void*
     }
   }
   kernels::matmul(w.att.data(), wo.data, wo.type, bias(L.o_bias), w.h.data(), n, H, nq);
+  // Gemma 3 (llama.cpp gemma3.cpp): attn_post_norm on the attention output before the
+  // residual add, ffn_post_norm on the MLP output before its add.
+  if (c.sandwich_norms) kernels::rms_norm(w.h.data(), L.post_attn_norm.data(), w.h.data(), n, H, eps);
   for (int64_t i = 0; i < n * H; ++i) w.x[size_t(i)] += w.h[size_t(i)];
 
   kernels::rms_norm(w.x.data(), L.mlp_norm.data(), w.h.data(), n, H, eps);
   kernels::matmul(w.h.data(), w_gate.data, w_gate.type, nullptr, w.gate.data(), n, I, H);
   kernels::matmul(w.h.data(), w_up.data, w_up.type, nullptr, w.up.data(), n, I, H);
-  kernels::silu_mul(w.gate.data(), w.up.data(), w.gate.data(), n * I);
+  if (c.hidden_act == "gelu_pytorch_tanh")
+    kernels::gelu_tanh_mul(w.gate.data(), w.up.data(), w.gate.data(), n * I);
+  else
+    kernels::silu_mul(w.gate.data(), w.up.data(), w.gate.data(), n * I);
   kernels::matmul(w.gate.data(), w_down.data, w_down.type, nullptr, w.h.data(), n, H, I);
+  if (c.sandwich_norms) kernels::rms_norm(w.h.data(), L.post_mlp_norm.data(), w.h.data(), n, H, eps);
   for (int64_t i = 0; i < n * H; ++i) w.x[size_t(i)] += w.h[size_t(i)];
 }
 
@@ -523,6 +571,8 @@ void Model::embed(const int32_t* tokens, int64_t n, float* x) const {
   for (int64_t t = 0; t < n; ++t)
     kernels::to_f32(static_cast<const uint8_t*>(embed_.data) + size_t(tokens[t]) * row_bytes, embed_.type,
                     x + t * H, H);
+  if (cfg_.embed_scale != 1.0f)  // gemma3: * sqrt(hidden_size), in f32 as llama.cpp's ggml_scale
+    for (int64_t i = 0; i < n * H; ++i) x[i] *= cfg_.embed_scale;
 }
 
 void Model::forward(const int32_t* tokens, int64_t n, const KvView& kv, float* logits, bool all_logits) const {
@@ -558,7 +608,7 @@ void Model::forward_batch(const SeqBatch* seqs, int64_t n_seqs) const {
   Work w;
   w.resize(c, n, paged_in);
   for (int64_t s = 0, row = 0; s < n_seqs; row += seqs[s].n, ++s) embed(seqs[s].tokens, seqs[s].n, &w.x[size_t(row * H)]);
-  rope_tables(inv_freq_, rows, w);
+  rope_tables(inv_freq_, inv_freq_local_, rows, w);
   std::optional<stream::LayerStreamer::Pass> pass;  // streaming: one pass over every layer
   if (stream_) pass.emplace(*stream_);
   Weight mats[kLayerMats];
@@ -609,7 +659,7 @@ BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& 
   Work w;
   w.resize(c, n, false);
   embed(tokens, n, w.x.data());
-  rope_tables(inv_freq_, rows, w);
+  rope_tables(inv_freq_, inv_freq_local_, rows, w);
   const int64_t check = std::clamp<int64_t>(opt.check_layer, 0, c.n_layers - 1);
   BlendStats st;
   std::optional<stream::LayerStreamer::Pass> pass;  // streaming: one pass over every layer
@@ -672,7 +722,7 @@ BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& 
   }
   st.n_rows_late = m;
   w = Work();
-  rope_tables(inv_freq_, late, w2);
+  rope_tables(inv_freq_, inv_freq_local_, late, w2);
   for (int64_t l = check; l < c.n_layers; ++l) {
     if (pass) w2.mats = l == check ? mats : bind_streamed(layers_[size_t(l)], pass->acquire(l), mats);
     run_layer(l, &seq, &late, &w2, nullptr);

@@ -33,8 +33,10 @@ bool is_dir(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// GGUF name -> Hugging Face name ("" when the decoder has no use for the tensor).
-std::string hf_name(const std::string& g) {
+// GGUF name -> Hugging Face name ("" when the decoder has no use for the tensor). Gemma 3's
+// norms have their own HF names (gguf-py tensor_mapping.py): ffn_norm is the MLP's input norm
+// (pre_feedforward_layernorm) and post_attention_norm the norm of the attention output.
+std::string hf_name(const std::string& g, const std::string& arch) {
   if (g == "token_embd.weight") return "model.embed_tokens.weight";
   if (g == "output_norm.weight") return "model.norm.weight";
   if (g == "output.weight") return "lm_head.weight";
@@ -60,6 +62,14 @@ std::string hf_name(const std::string& g) {
       {"ffn_up.weight", "mlp.up_proj.weight"},
       {"ffn_down.weight", "mlp.down_proj.weight"},
   };
+  static const std::pair<const char*, const char*> gemma3_norms[] = {
+      {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+      {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+      {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+  };
+  if (arch == "gemma3")
+    for (const auto& [from, to] : gemma3_norms)
+      if (rest == from) return "model.layers." + layer + "." + to;
   for (const auto& [from, to] : map)
     if (rest == from) return "model.layers." + layer + "." + to;
   return "";
@@ -67,8 +77,8 @@ std::string hf_name(const std::string& g) {
 
 std::string architecture(const gguf::File& f) {
   const std::string arch = f.get_string("general.architecture");
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3")
-    fail(f.path(), ": general.architecture \"", arch, "\" is not supported (supported: llama, qwen2, qwen3)");
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "gemma3")
+    fail(f.path(), ": general.architecture \"", arch, "\" is not supported (supported: llama, qwen2, qwen3, gemma3)");
   return arch;
 }
 
@@ -137,9 +147,30 @@ ModelConfig ModelConfig::from_gguf(const std::string& gguf_path) {
   }
   if (f.tensor("rope_freqs.weight"))  // llama3-style scaling stored as per-frequency factors
     fail(gguf_path, ": tensor \"rope_freqs.weight\" (llama3 RoPE frequency factors) is not supported yet");
+  if (arch == "gemma3") {
+    // llama.cpp src/models/gemma3.cpp (load_arch_hparams): sliding window from
+    // attention.sliding_window, every 6th layer global unless attention.sliding_window_pattern
+    // says otherwise, local RoPE base rope.freq_base_swa (default 10000), attention scale
+    // 1/sqrt(key_length) (27B: 1/sqrt(n_embd / n_head)), optional final logit softcapping.
+    const int64_t window = f.get_int(a + "attention.sliding_window", 0);
+    if (window > 0) {
+      if (const gguf::Value* p = f.find(a + "attention.sliding_window_pattern"); p && p->type == gguf::ValueType::ARRAY)
+        fail(gguf_path, ": metadata \"", a, "attention.sliding_window_pattern\" as a per-layer array is not supported");
+      j["sliding_window"] = window;
+      j["sliding_window_pattern"] = f.get_int(a + "attention.sliding_window_pattern", 6);
+    }
+    j["rope_local_base_freq"] = f.get_float(a + "rope.freq_base_swa", 10000.0);
+    const int64_t n_head = j["num_attention_heads"].get<int64_t>();
+    const int64_t head_dim = j.contains("head_dim") ? j["head_dim"].get<int64_t>() : j["hidden_size"].get<int64_t>() / n_head;
+    j["query_pre_attn_scalar"] = j["num_hidden_layers"].get<int64_t>() == 62 ? j["hidden_size"].get<int64_t>() / n_head : head_dim;
+    j["final_logit_softcapping"] = f.get_float(a + "final_logit_softcapping", 0.0);
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+  }
   if (f.find("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = f.get_int("tokenizer.ggml.bos_token_id");
   if (f.find("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = f.get_int("tokenizer.ggml.eos_token_id");
-  return from_json(j.dump(), "", gguf_path);
+  ModelConfig c = from_json(j.dump(), "", gguf_path);
+  if (arch == "gemma3") c.norm_weight_offset = 0.0f;  // the converter stored 1 + w already
+  return c;
 }
 
 WeightFiles WeightFiles::open_gguf(const std::string& path) {
@@ -150,11 +181,11 @@ WeightFiles WeightFiles::open_gguf(const std::string& path) {
   const int64_t n_head_kv = f.get_int(arch + ".attention.head_count_kv", n_head);
   WeightFiles w;
   for (const gguf::Tensor& t : f.tensors()) {
-    const std::string name = hf_name(t.name);
+    const std::string name = hf_name(t.name, arch);
     if (name.empty()) continue;
     const std::string where = path + ": tensor \"" + t.name + "\"";
     if (!kernels::ggml_type_supported(uint32_t(t.type)))
-      fail(where, ": ggml type ", uint32_t(t.type), " is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)");
+      fail(where, ": ggml type ", uint32_t(t.type), " is not supported (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)");
     TensorInfo ti;
     ti.name = name;
     ti.file = path;

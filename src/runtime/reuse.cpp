@@ -69,7 +69,7 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
     kbuf.resize(size_t(len * nkv)), vbuf.resize(size_t(len * nkv));
     for (int64_t l = 0; l < c.n_layers; ++l) {
       kv::chunk_get_layer(ch, shape, l, kbuf.data(), vbuf.data());
-      kernels::rope_shift(kbuf.data(), len, c.n_kv_heads, c.head_dim, model_->rope_inv_freq().data(), delta);
+      kernels::rope_shift(kbuf.data(), len, c.n_kv_heads, c.head_dim, model_->rope_inv_freq(l).data(), delta);
       for (int64_t t = std::max<int64_t>(0, from - begin); t < len; ++t) {
         const int64_t p = begin + t, slot = int64_t(table[size_t(p / block_size_)]) * block_size_ + p % block_size_;
         std::memcpy(k_pools_[size_t(l)] + slot * nkv, &kbuf[size_t(t * nkv)], size_t(nkv) * sizeof(float));
