@@ -116,8 +116,10 @@ class WeightFiles {
   // (model.layers.N.self_attn.q_proj.weight [rows, cols], ...). F32/F16/BF16 tensors stay in
   // the mapping, and so do quantized matrices (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K; dtype = that name,
   // the matmul reads the blocks); llama's Q/K rows are un-permuted back to HF order (whole
-  // quantized rows, into owned copies made once at load).
-  static WeightFiles open_gguf(const std::string& path);
+  // quantized rows, into owned copies made once at load). keep_quantized = false dequantizes
+  // quantized tensors once into owned f32 buffers instead (for a consumer without quantized
+  // kernels: the GPU decoder).
+  static WeightFiles open_gguf(const std::string& path, bool keep_quantized = true);
   const TensorInfo* find(const std::string& name) const;
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   size_t total_bytes() const;
@@ -240,8 +242,9 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const std::string& dir() const { return dir_; }
-  // Bytes of the weights the model holds in memory (matrices in their stored type, quantized
-  // blocks included; norm and bias vectors as f32; streamed layers not counted).
+  // Bytes of the weights the model holds (matrices in their stored types, quantized blocks as
+  // blocks; norm and bias vectors as f32), i.e. resident when not layer-streaming
+  // (stream_info().resident_bytes says what streaming keeps). Depends only on the checkpoint.
   size_t weight_bytes() const;
   // Bytes of the matrices one decoded token reads: every layer's q/k/v/o/gate/up/down and the
   // lm_head, in their stored types (decode's bandwidth bound is this / the read bandwidth).

@@ -308,7 +308,7 @@ void run_model(const ModelArgs& a) {
     }
     const double t = median(ms);
     const double gflops = prefill_flops(c, mc, L, 0) / (t * 1e6);
-    std::printf("| prefill %d tokens | %.1f | %.0f ms | %.0f%% (%.1f GFLOP/s) |\n", L, L * 1000.0 / t, t,
+    std::printf("| prefill %d tokens (pp%d) | %.1f | %.0f ms | %.0f%% (%.1f GFLOP/s) |\n", L, L, L * 1000.0 / t, t,
                 100.0 * gflops / rl.gemm_peak, gflops);
     std::fflush(stdout);
   }
@@ -326,7 +326,7 @@ void run_model(const ModelArgs& a) {
     }
     const double t = median(tps);
     const double gbs = decode_bytes * t / 1e9;
-    std::printf("| decode at context %d (%d tokens) | %.2f | %.1f ms/token | %.0f%% (%.1f GB/s of weights) |\n",
+    std::printf("| decode at context %d (tg%d) | %.2f | %.1f ms/token | %.0f%% (%.1f GB/s of weights) |\n",
                 L, a.decode_tokens, t, 1000.0 / t, 100.0 * gbs / rl.bw_all, gbs);
     std::fflush(stdout);
   }

@@ -437,7 +437,8 @@ std::unique_ptr<Decoder> Decoder::create(const Model& model, const DecoderOption
   // The files again (memory-mapped, not copied): Model keeps its Weight views private.
   const std::string& dir = model.dir();
   const std::string g = gguf_model_file(dir);
-  const WeightFiles f = g.empty() ? WeightFiles::open_dir(dir) : WeightFiles::open_gguf(g);
+  // GGUF quantized tensors dequantized to f32 at load (the CUDA kernels take F32/F16/BF16).
+  const WeightFiles f = g.empty() ? WeightFiles::open_dir(dir) : WeightFiles::open_gguf(g, /*keep_quantized=*/false);
 
   for (int64_t l = 0; l < m->L; ++l) {
     m->layouts.push_back(layout_of(f, dir, c, l));

@@ -71,9 +71,8 @@ Weight matrix(const WeightFiles& f, const std::string& dir, const std::string& n
   return Weight{t.data, wt, rows, cols};
 }
 
-size_t matrix_bytes(const Weight& w) {
-  return w.data ? size_t(w.rows) * size_t(kernels::wtype_row_bytes(w.type, w.cols)) : 0;
-}
+// By shape and type: streamed layers (data bound per pass) count the same as resident ones.
+size_t matrix_bytes(const Weight& w) { return size_t(w.rows) * size_t(kernels::wtype_row_bytes(w.type, w.cols)); }
 
 std::vector<float> vec(const WeightFiles& f, const std::string& dir, const std::string& name, int64_t n) {
   const TensorInfo& t = require(f, dir, name, {n});
@@ -155,7 +154,7 @@ Model::Model() = default;
 Model::~Model() = default;
 
 size_t Model::weight_bytes() const {
-  size_t n = matrix_bytes(embed_) + (lm_head_.data == embed_.data ? 0 : matrix_bytes(lm_head_));
+  size_t n = matrix_bytes(embed_) + (cfg_.tie_word_embeddings ? 0 : matrix_bytes(lm_head_));
   n += final_norm_store_.size() * sizeof(float);
   for (const Layer& L : layers_) {
     for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) n += matrix_bytes(*w);
@@ -167,16 +166,9 @@ size_t Model::weight_bytes() const {
 }
 
 size_t Model::decode_weight_bytes() const {
-  const ModelConfig& c = cfg_;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, nq = c.n_heads * c.head_dim, nkv = c.n_kv_heads * c.head_dim;
-  // From the shapes and types (streamed layers have no resident data but are read all the same).
-  auto bytes = [](const Weight& w, int64_t rows, int64_t cols) {
-    return size_t(rows) * size_t(kernels::wtype_row_bytes(w.type, cols));
-  };
-  size_t n = bytes(lm_head_, c.vocab_size, H);
+  size_t n = matrix_bytes(lm_head_);
   for (const Layer& L : layers_)
-    n += bytes(L.wq, nq, H) + bytes(L.wk, nkv, H) + bytes(L.wv, nkv, H) + bytes(L.wo, H, nq) + bytes(L.w_gate, I, H) +
-         bytes(L.w_up, I, H) + bytes(L.w_down, H, I);
+    for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) n += matrix_bytes(*w);
   return n;
 }
 

@@ -173,7 +173,7 @@ ModelConfig ModelConfig::from_gguf(const std::string& gguf_path) {
   return c;
 }
 
-WeightFiles WeightFiles::open_gguf(const std::string& path) {
+WeightFiles WeightFiles::open_gguf(const std::string& path, bool keep_quantized) {
   gguf::File f(path);
   const std::string arch = architecture(f);
   const bool permuted = arch == "llama";
@@ -210,7 +210,7 @@ WeightFiles WeightFiles::open_gguf(const std::string& path) {
     const size_t esize = t.type == GgmlType::F32 ? 4 : 2;
     // Quantized matrices stay in their blocks (the matmul reads them; kernels.h WType has the
     // same names: "Q8_0", "Q4_K", ...). Blocks need no alignment.
-    const bool keep_blocks = !plain && t.ne.size() == 2;
+    const bool keep_blocks = keep_quantized && !plain && t.ne.size() == 2;
     if ((plain && reinterpret_cast<uintptr_t>(src) % esize == 0) || keep_blocks) {
       ti.dtype = kernels::ggml_type_name(t.type);
       ti.data = src;
