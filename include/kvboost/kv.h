@@ -116,6 +116,9 @@ class BlockPool {
   std::vector<BlockId> free_list() const;  // head (next allocated) to tail
 
  private:
+  // The registration both register_full and register_tail do once the token count is checked.
+  uint64_t register_block(BlockId b, uint64_t hash, std::span<const int32_t> tokens, int32_t ns,
+                          uint64_t parent_reg);
   void check(BlockId b) const;
   void list_remove(BlockId b);
   void list_push_back(BlockId b);

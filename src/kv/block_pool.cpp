@@ -106,28 +106,23 @@ std::optional<BlockId> BlockPool::find(uint64_t hash) const {
 
 uint64_t BlockPool::register_full(BlockId b, uint64_t hash, std::span<const int32_t> tokens,
                                   int32_t ns, uint64_t parent_reg) {
-  check(b);
-  BlockInfo& info = blocks_[size_t(b)];
-  if (info.cached) fail("BlockPool: block ", b, " is already registered");
   if (int64_t(tokens.size()) != block_size_)
     fail("BlockPool: registering ", tokens.size(), " tokens, blocks hold ", block_size_);
-  if (!map_.emplace(hash, b).second) fail("BlockPool: hash already registered");
-  info.cached = true;
-  info.hash = hash;
-  info.reg_id = next_reg_++;
-  info.parent_reg = parent_reg;
-  info.ns = ns;
-  info.tokens.assign(tokens.begin(), tokens.end());
-  return info.reg_id;
+  return register_block(b, hash, tokens, ns, parent_reg);
 }
 
 uint64_t BlockPool::register_tail(BlockId b, uint64_t hash, std::span<const int32_t> tokens, int32_t ns,
                                   uint64_t parent_reg) {
+  if (tokens.empty() || int64_t(tokens.size()) >= block_size_)
+    fail("BlockPool: a tail holds 1 .. ", block_size_ - 1, " tokens, not ", tokens.size());
+  return register_block(b, hash, tokens, ns, parent_reg);
+}
+
+uint64_t BlockPool::register_block(BlockId b, uint64_t hash, std::span<const int32_t> tokens, int32_t ns,
+                                   uint64_t parent_reg) {
   check(b);
   BlockInfo& info = blocks_[size_t(b)];
   if (info.cached) fail("BlockPool: block ", b, " is already registered");
-  if (tokens.empty() || int64_t(tokens.size()) >= block_size_)
-    fail("BlockPool: a tail holds 1 .. ", block_size_ - 1, " tokens, not ", tokens.size());
   if (!map_.emplace(hash, b).second) fail("BlockPool: hash already registered");
   info.cached = true;
   info.hash = hash;
