@@ -25,6 +25,8 @@ namespace kvboost::kernels::cpu {
 namespace {
 
 constexpr int kMR = 6;
+// Up to this many tokens the weights are streamed once from DRAM per call (small_m_panels).
+constexpr int64_t kSmallM = 16;
 
 template <WType WT>
 inline void load_row16(const uint8_t* p, __m256& lo, __m256& hi) {
@@ -71,17 +73,29 @@ inline void store_row(float* y, __m256 lo, __m256 hi, const float* bias, int64_t
 }
 
 // y[m0 .. m0 + MR, panel's features] over the full K.
-template <WType WT, int MR>
+// kPrefetch: software-prefetch the weight stream kPrefetchAhead bytes ahead (one cache line
+// per 64 bytes of rows). Used where the panel comes from DRAM once (few tokens: batched decode);
+// the hardware prefetcher alone does not run far enough ahead of a compute-heavy loop.
+constexpr int64_t kPrefetchAhead = 2048;
+
+template <WType WT, int MR, bool kPrefetch = false>
 inline void tile(const float* x, int64_t K, const uint8_t* panel, float* y, int64_t N,
                  const float* bias, int64_t n_valid) {
   // Every loop over i is unrolled so that the accumulators live in registers (otherwise GCC
-  // keeps the arrays in memory and stores all 12 every k: 3x slower).
+  // keeps the arrays in memory and stores all 12 every k: 3x slower). One accumulator chain per
+  // output over k in order, whatever MR: a token's result does not depend on the tile it lands
+  // in, so a batch (or a prefix-cache hit's shorter chunk) gives bit-identical rows.
   __m256 c0[MR], c1[MR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) c0[i] = c1[i] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     __m256 w0, w1;
-    load_row16<WT>(panel + k * row_bytes<WT>(), w0, w1);
+    const uint8_t* row = panel + k * row_bytes<WT>();
+    if constexpr (kPrefetch) {
+      if (row_bytes<WT>() >= 64 || (reinterpret_cast<uintptr_t>(row) & 63) == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchAhead), _MM_HINT_T0);
+    }
+    load_row16<WT>(row, w0, w1);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m256 a = _mm256_broadcast_ss(x + i * K + k);
@@ -93,21 +107,57 @@ inline void tile(const float* x, int64_t K, const uint8_t* panel, float* y, int6
   for (int i = 0; i < MR; ++i) store_row(y + i * N, c0[i], c1[i], bias, n_valid);
 }
 
+// Token tiles of a call with m tokens: as few tiles as kMR allows, sizes as equal as possible
+// (8 = 4 + 4, not 6 + 2: a 2-token tile has 4 accumulator chains, too few to hide the FMA
+// latency — 2 units x 4 cycles want 8 — so 6 + 2 costs 10 FMA cycles per k where 4 + 4 costs 8).
+inline int tile_size(int64_t m_left) {
+  const int64_t n = (m_left + kMR - 1) / kMR;
+  return int((m_left + n - 1) / n);
+}
+
+template <WType WT, bool kPrefetch = false>
+inline void tile_any(int mr, const float* x, int64_t K, const uint8_t* panel, float* y, int64_t N,
+                     const float* bias, int64_t n_valid) {
+  switch (mr) {
+    case 6: return tile<WT, 6, kPrefetch>(x, K, panel, y, N, bias, n_valid);
+    case 5: return tile<WT, 5, kPrefetch>(x, K, panel, y, N, bias, n_valid);
+    case 4: return tile<WT, 4, kPrefetch>(x, K, panel, y, N, bias, n_valid);
+    case 3: return tile<WT, 3, kPrefetch>(x, K, panel, y, N, bias, n_valid);
+    case 2: return tile<WT, 2, kPrefetch>(x, K, panel, y, N, bias, n_valid);
+    case 1: return tile<WT, 1, kPrefetch>(x, K, panel, y, N, bias, n_valid);
+    default: return;
+  }
+}
+
 template <WType WT>
 void tiles(const float* x, int64_t m_begin, int64_t m_end, int64_t K, const uint8_t* panel,
            float* y, int64_t N, const float* bias, int64_t n_valid) {
-  int64_t m = m_begin;
-  for (; m + kMR <= m_end; m += kMR)
-    tile<WT, kMR>(x + m * K, K, panel, y + m * N, N, bias, n_valid);
-  const float* xm = x + m * K;
-  float* ym = y + m * N;
-  switch (m_end - m) {
-    case 5: tile<WT, 5>(xm, K, panel, ym, N, bias, n_valid); break;
-    case 4: tile<WT, 4>(xm, K, panel, ym, N, bias, n_valid); break;
-    case 3: tile<WT, 3>(xm, K, panel, ym, N, bias, n_valid); break;
-    case 2: tile<WT, 2>(xm, K, panel, ym, N, bias, n_valid); break;
-    case 1: tile<WT, 1>(xm, K, panel, ym, N, bias, n_valid); break;
-    default: break;
+  for (int64_t m = m_begin; m < m_end;) {
+    const int mr = tile_size(m_end - m);
+    tile_any<WT>(mr, x + m * K, K, panel, y + m * N, N, bias, n_valid);
+    m += mr;
+  }
+}
+
+// Few tokens (batched decode, short chunks): each thread streams a contiguous range of panels
+// (one linear read per thread, as the GEMV does) and runs every token tile on a panel while it
+// is in L1/L2; the first tile prefetches ahead (into the next panel at the end), the others
+// re-read the panel from cache.
+template <WType WT>
+void small_m_panels(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t p_begin,
+                    int64_t p_end, float* y, int64_t N, const float* bias) {
+  const int64_t panel_bytes = K * row_bytes<WT>();
+  for (int64_t p = p_begin; p < p_end; ++p) {
+    const uint8_t* pw = w + p * panel_bytes;
+    const int64_t n0 = p * kPackedPanel;
+    const float* b = bias ? bias + n0 : nullptr;
+    const int64_t nv = std::min<int64_t>(kPackedPanel, N - n0);
+    for (int64_t m = 0; m < M;) {
+      const int mr = tile_size(M - m);
+      if (m == 0) tile_any<WT, true>(mr, x, K, pw, y + n0, N, b, nv);
+      else tile_any<WT, false>(mr, x + m * K, K, pw, y + m * N + n0, N, b, nv);
+      m += mr;
+    }
   }
 }
 
@@ -163,6 +213,11 @@ void run(const float* x, const PackedWeight& pw, const float* bias, float* y, in
     // Even contiguous split: each panel's 16 outputs are one cache line of y.
     parallel_for(n_panels, 1, N * K >= (int64_t(1) << 16) ? 2 : INT64_MAX,
                  [&](int64_t b, int64_t e) { gemv_panels<WT>(x, K, w, b, e, y, N, bias); });
+    return;
+  }
+  if (M <= kSmallM && n_panels >= 2 * num_threads()) {
+    parallel_for(n_panels, 1, M * N * K >= (int64_t(1) << 17) ? 2 : INT64_MAX,
+                 [&](int64_t b, int64_t e) { small_m_panels<WT>(x, M, K, w, b, e, y, N, bias); });
     return;
   }
   const int nt = num_threads();
