@@ -114,6 +114,7 @@ struct Args {
   std::string scenarios = "coding,rag,chat";
   int runs = 3, docs = 6, pool = 20, doc_words = 230, sys_words = 1150, chunk = 128;
   int chat_words = 0;  // words per chat user message (0: doc_words / 5)
+  double chat_sys = 0.25;  // share of the coding system prompt that opens the chat
   std::string quant = "f32";
   uint64_t seed = 1;
 };
@@ -177,7 +178,7 @@ void run_bench(const Args& a) {
     print_rows("rag", rows, kModes.size());
   }
   if (has("chat")) {  // 3: history grows each turn; each turn's answer is generated
-    std::string hist = sys.substr(0, sys.size() / 4);
+    std::string hist = sys.substr(0, size_t(double(sys.size()) * std::clamp(a.chat_sys, 0.0, 1.0)));
     // "history reused": of the prompt tokens that existed before this turn (everything but the
     // new user message: the previous prompt and its generated answer), the share whose K/V came
     // from a cache. The overall reuse ratio is bounded by the new message's share of the prompt.
@@ -225,6 +226,9 @@ void add_bench_reuse(CLI::App* bench) {
   c->add_option("--pool", a->pool, "RAG: documents in the pool")->capture_default_str();
   c->add_option("--doc-words", a->doc_words, "RAG: words per document")->capture_default_str();
   c->add_option("--chat-words", a->chat_words, "Chat: words per user message (0: doc-words / 5)")->capture_default_str();
+  c->add_option("--chat-sys", a->chat_sys, "Chat: share of the system prompt (--sys-words) that opens the chat")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   c->add_option("--sys-words", a->sys_words, "Words in the coding system prompt")->capture_default_str();
   c->add_option("--chunk", a->chunk, "Chunk size in tokens")->capture_default_str();
   c->add_option("--seed", a->seed, "Text generator seed")->capture_default_str();
