@@ -23,7 +23,7 @@ log() { printf '[install-deps] %s\n' "$*"; }
 apt_packages=(
   build-essential cmake ninja-build pkg-config
   nlohmann-json3-dev libpcre2-dev libxxhash-dev libcli11-dev libicu-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libsimde-dev
   python3-venv python3-torch python3-numpy
 )
 

@@ -88,6 +88,10 @@ void paged_attention_split(const float* q, const float* k_pool, const float* v_p
                            int64_t n_kv_tokens, int64_t block_size, int64_t n_heads,
                            int64_t n_kv_heads, int64_t head_dim, int64_t window, float scale,
                            int64_t n_splits, float* lse) {
+  if (active_isa() >= Isa::Avx512)
+    return cpu::paged_attention_avx512(q, k_pool, v_pool, block_table, out, n_q, q_pos0,
+                                       n_kv_tokens, block_size, n_heads, n_kv_heads, head_dim,
+                                       window, scale, n_splits, lse);
   if (active_isa() >= Isa::Avx2)
     return cpu::paged_attention_avx2(q, k_pool, v_pool, block_table, out, n_q, q_pos0, n_kv_tokens,
                                      block_size, n_heads, n_kv_heads, head_dim, window, scale,

@@ -1,156 +1,37 @@
 // Paged FlashAttention-2 kernel against the scalar paged reference and against the contiguous
-// naive attention_ref (after gathering the pages), on every ISA path this CPU has.
-// Pools are filled with NaN except the slots the block table maps, and block tables are shuffled
-// with spare blocks, so reading any slot the kernel must not read poisons the output.
-#include <algorithm>
-#include <cmath>
-#include <numeric>
-#include <random>
-#include <sstream>
+// naive attention_ref (after gathering the pages), on every ISA path this CPU has (through the
+// dispatched public entry points, so an AVX-512 CPU tests the native AVX-512 build here). The
+// checks are in paged_attention_checks.h; test_flash_attention_avx512_emu.cpp runs the same ones
+// on the AVX-512 micro-kernels built on SIMDe's emulation.
 #include <string>
 #include <vector>
 
+#include "kernel_test_util.h"
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
-#include "kernel_test_util.h"
+#include "paged_attention_checks.h"
 #include "test_util.h"
 
 using namespace kvboost;
 using namespace kvboost::kernels;
+using namespace kvboost::kernel_test;
 
 namespace {
-using kernel_test::IsaGuard;
-using kernel_test::isas;
-using kernel_test::randv;
 
-std::vector<float> randn(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
+// The public entry points with the active ISA forced to `isa`.
+PagedKernel dispatched(Isa isa) {
+  return {isa_name(isa), [isa](const Case& c, const float* q, const Paged& p, float* out, float* lse,
+                               int64_t n_splits) {
+            set_active_isa(isa);
+            paged_attention_split(q, p.k_pool.data(), p.v_pool.data(), p.table.data(), out, c.n_q,
+                                  c.pos0, c.n_kv, c.block_size, c.heads, c.kv_heads, c.hd, c.window,
+                                  scale_of(c), n_splits, lse);
+          }};
 }
 
-struct Case {
-  int64_t n_q, pos0, n_kv, heads, kv_heads, hd, block_size, window;
-  std::string str() const {
-    std::ostringstream s;
-    s << "n_q=" << n_q << " pos0=" << pos0 << " n_kv=" << n_kv << " heads=" << heads << "/"
-      << kv_heads << " hd=" << hd << " bs=" << block_size << " window=" << window;
-    return s.str();
-  }
-};
-
-// One layer's K/V both contiguous ([n_kv, kv_heads, hd]) and paged into shuffled blocks.
-struct Paged {
-  std::vector<float> k, v;            // contiguous
-  std::vector<float> k_pool, v_pool;  // [n_blocks_total][bs][kv_heads][hd], NaN where unmapped
-  std::vector<int32_t> table;
-};
-
-Paged make_paged(const Case& c, uint64_t seed) {
-  Paged p;
-  const int64_t row = c.kv_heads * c.hd;
-  p.k = randn(size_t(c.n_kv * row), seed);
-  p.v = randn(size_t(c.n_kv * row), seed + 1);
-  const int64_t n_blocks = (c.n_kv + c.block_size - 1) / c.block_size;
-  const int64_t n_total = n_blocks + 3;  // spare blocks, never referenced
-  std::vector<int32_t> perm(static_cast<size_t>(n_total));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::mt19937_64 rng(seed + 2);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  p.table.assign(perm.begin(), perm.begin() + n_blocks);
-  p.k_pool.assign(size_t(n_total * c.block_size * row), NAN);
-  p.v_pool.assign(p.k_pool.size(), NAN);
-  for (int64_t t = 0; t < c.n_kv; ++t) {
-    const int64_t dst = (int64_t(p.table[t / c.block_size]) * c.block_size + t % c.block_size) * row;
-    std::copy_n(p.k.begin() + t * row, row, p.k_pool.begin() + dst);
-    std::copy_n(p.v.begin() + t * row, row, p.v_pool.begin() + dst);
-  }
-  return p;
-}
-
-float scale_of(const Case& c) { return 1.0f / std::sqrt(float(c.hd)); }
-
-std::vector<float> run_ref(const Case& c, const std::vector<float>& q, const Paged& p) {
-  std::vector<float> o(q.size(), -1.0f);
-  paged_attention_ref(q.data(), p.k_pool.data(), p.v_pool.data(), p.table.data(), o.data(), c.n_q,
-                      c.pos0, c.n_kv, c.block_size, c.heads, c.kv_heads, c.hd, c.window, scale_of(c));
-  return o;
-}
-
-// n_splits < 0: the public paged_attention (automatic split-K).
-std::vector<float> run_fast(const Case& c, const std::vector<float>& q, const Paged& p,
-                            int64_t n_splits = -1) {
-  std::vector<float> o(q.size(), -1.0f);
-  if (n_splits < 0)
-    paged_attention(q.data(), p.k_pool.data(), p.v_pool.data(), p.table.data(), o.data(), c.n_q,
-                    c.pos0, c.n_kv, c.block_size, c.heads, c.kv_heads, c.hd, c.window, scale_of(c));
-  else
-    paged_attention_split(q.data(), p.k_pool.data(), p.v_pool.data(), p.table.data(), o.data(),
-                          c.n_q, c.pos0, c.n_kv, c.block_size, c.heads, c.kv_heads, c.hd, c.window,
-                          scale_of(c), n_splits);
-  return o;
-}
-
-// Outputs are convex combinations of N(0,1) values, so |o| is O(1): 1e-5 relative-or-absolute.
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, float tol,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << what << " at " << i;
-}
-
-std::vector<Case> fixed_cases() {
-  return {
-      // n_q, pos0, n_kv, heads, kv_heads, hd, bs, window
-      {1, 0, 1, 1, 1, 8, 1, 0},          // one token
-      {7, 0, 7, 4, 4, 8, 16, 0},         // prefill shorter than a block, MHA
-      {33, 0, 33, 8, 2, 64, 16, 0},      // prefill across blocks, GQA 4
-      {257, 0, 257, 14, 2, 64, 16, 0},   // Qwen2.5-0.5B shape, tiles of 64 + 1
-      {1, 256, 257, 14, 2, 64, 16, 0},   // decode continuing a prefix
-      {1, 256, 257, 8, 1, 128, 32, 0},   // decode, one kv head (split-K is the only parallelism)
-      {33, 224, 257, 6, 3, 80, 16, 0},   // chunked prefill after a 224-token prefix
-      {5, 100, 105, 16, 2, 96, 32, 0},   // GQA 8, head dim 96
-      {100, 0, 100, 3, 3, 128, 7, 0},    // block size not a power of two
-      {257, 0, 257, 4, 2, 96, 1, 0},     // block size 1: every token in its own block
-      {40, 0, 40, 2, 1, 8, 16, 1},       // window 1
-      {129, 0, 129, 10, 2, 64, 16, 5},   // small window
-      {64, 200, 264, 5, 1, 80, 32, 70},  // window straddling tiles, chunked
-      {1, 999, 1000, 7, 1, 64, 16, 300}, // decode with a window
-      {3, 12, 10, 4, 2, 8, 4, 0},        // queries past the last key: they see all keys
-      {3, 12, 10, 4, 2, 8, 4, 2},        // ... and with a window, none: output 0
-      {2, 0, 0, 2, 1, 8, 16, 0},         // no keys at all
-      {9, 0, 9, 8, 8, 12, 16, 0},        // head_dim % 8 != 0
-      {17, 3, 20, 6, 2, 20, 16, 4},      // head_dim 20: two full vectors + tail
-      {31, 0, 31, 40, 5, 8, 16, 0},      // GQA 8 × 31 queries: several row tiles
-  };
-}
-
-std::vector<Case> random_cases(int n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  auto pick = [&](std::initializer_list<int64_t> xs) {
-    return *(xs.begin() + std::uniform_int_distribution<size_t>(0, xs.size() - 1)(rng));
-  };
-  std::vector<Case> out;
-  for (int i = 0; i < n; ++i) {
-    Case c;
-    c.n_kv = pick({1, 2, 7, 33, 64, 65, 100, 257});
-    switch (i % 3) {
-      case 0: c.n_q = c.n_kv; c.pos0 = 0; break;      // prefill
-      case 1: c.n_q = 1; c.pos0 = c.n_kv - 1; break;  // decode
-      default:                                        // chunked prefill
-        c.n_q = std::uniform_int_distribution<int64_t>(1, c.n_kv)(rng);
-        c.pos0 = c.n_kv - c.n_q;
-    }
-    const int64_t ratio = std::uniform_int_distribution<int64_t>(1, 8)(rng);
-    c.kv_heads = ratio > 4 ? pick({1, 2}) : pick({1, 2, 3});
-    c.heads = ratio * c.kv_heads;
-    c.hd = pick({8, 64, 80, 96, 128});
-    c.block_size = pick({1, 16, 32});
-    c.window = pick({0, 0, 1, 3, 17, 64, 1000});
-    out.push_back(c);
-  }
+std::vector<PagedKernel> all_isas() {
+  std::vector<PagedKernel> out;
+  for (Isa isa : isas()) out.push_back(dispatched(isa));
   return out;
 }
 
@@ -171,110 +52,50 @@ TEST(PagedAttention, ReferenceMatchesContiguousNaiveAttention) {
   }
 }
 
+TEST(PagedAttention, PublicEntryPointIsAutomaticSplit) {
+  // paged_attention = paged_attention_split(..., n_splits = 0, lse = nullptr), on every ISA.
+  IsaGuard g;
+  const Case c{1, 2999, 3000, 14, 2, 64, 16, 0};
+  const auto p = make_paged(c, 77);
+  const auto q = randn(size_t(c.n_q * c.heads * c.hd), 78);
+  for (const PagedKernel& k : all_isas()) {
+    const auto want = k(c, q, p, 0);
+    std::vector<float> got(q.size(), -1.0f);
+    paged_attention(q.data(), p.k_pool.data(), p.v_pool.data(), p.table.data(), got.data(), c.n_q,
+                    c.pos0, c.n_kv, c.block_size, c.heads, c.kv_heads, c.hd, c.window, scale_of(c));
+    expect_close(got, want, 0.0f, k.name);
+  }
+}
+
 TEST(PagedAttention, MatchesReferencesOnFixedAndRandomShapesAllIsas) {
   IsaGuard g;
   auto cases = fixed_cases();
   auto rnd = random_cases(60, 2024);
   cases.insert(cases.end(), rnd.begin(), rnd.end());
-  uint64_t seed = 7;
-  for (const Case& c : cases) {
-    const auto p = make_paged(c, seed += 10);
-    const auto q = randn(size_t(c.n_q * c.heads * c.hd), seed + 5);
-    const auto ref = run_ref(c, q, p);
-    // The naive contiguous kernel over the gathered pages, as a second, independent oracle.
-    std::vector<float> naive(q.size());
-    attention_ref(q.data(), p.k.data(), p.v.data(), naive.data(), c.n_q, c.pos0, c.n_kv, c.heads,
-                  c.kv_heads, c.hd, c.window, scale_of(c));
-    for (Isa isa : isas()) {
-      set_active_isa(isa);
-      const std::string tag = std::string(isa_name(isa)) + " " + c.str();
-      const auto got = run_fast(c, q, p);
-      expect_close(got, ref, 1e-5f, "auto vs paged ref " + tag);
-      expect_close(got, naive, 1e-5f, "auto vs attention_ref " + tag);
-      expect_close(run_fast(c, q, p, 1), ref, 1e-5f, "unsplit " + tag);
-      expect_close(run_fast(c, q, p, 3), ref, 1e-5f, "3 splits " + tag);
-    }
-  }
+  check_matches_references(all_isas(), cases, 7);
 }
 
 TEST(PagedAttention, DecodeSplitKEqualsUnsplit) {
   IsaGuard g;
-  const Case cases[] = {
-      {1, 1999, 2000, 14, 2, 64, 16, 0},   // Qwen2.5-0.5B-like decode
-      {1, 2999, 3000, 8, 1, 128, 32, 0},   // one kv head
-      {1, 4098, 4099, 12, 4, 80, 16, 0},   // odd length, GQA 3
-      {1, 1499, 1500, 4, 2, 96, 1, 700},   // window, block size 1
-      {1, 99, 100, 2, 1, 8, 16, 0},        // fewer tiles than splits: empty chunks
-      {4, 1996, 2000, 14, 2, 64, 16, 0},   // a short chunk against a long prefix
-  };
-  uint64_t seed = 500;
-  for (Isa isa : isas()) {
-    set_active_isa(isa);
-    for (const Case& c : cases) {
-      const auto p = make_paged(c, seed += 10);
-      const auto q = randn(size_t(c.n_q * c.heads * c.hd), seed + 5);
-      const std::string tag = std::string(isa_name(isa)) + " " + c.str();
-      const auto unsplit = run_fast(c, q, p, 1);
-      expect_close(unsplit, run_ref(c, q, p), 1e-5f, "unsplit vs ref " + tag);
-      for (int64_t s : {2, 3, 5, 8, 16, 64})
-        expect_close(run_fast(c, q, p, s), unsplit, 2e-6f,
-                     "splits=" + std::to_string(s) + " vs unsplit " + tag);
-      expect_close(run_fast(c, q, p), unsplit, 2e-6f, "auto vs unsplit " + tag);
-    }
-  }
+  for (const PagedKernel& k : all_isas()) check_split_k_equals_unsplit(k);
 }
 
 TEST(PagedAttention, SameResultOnOneThreadAndAll) {
   IsaGuard g;
-  const Case cases[] = {{300, 0, 300, 14, 2, 64, 16, 0}, {1, 2999, 3000, 14, 2, 64, 16, 0}};
-  uint64_t seed = 900;
-  for (Isa isa : isas()) {
-    set_active_isa(isa);
-    for (const Case& c : cases) {
-      const auto p = make_paged(c, seed += 10);
-      const auto q = randn(size_t(c.n_q * c.heads * c.hd), seed + 5);
-      set_num_threads(g.threads);
-      const auto all = run_fast(c, q, p);
-      set_num_threads(1);
-      const auto one = run_fast(c, q, p);
-      set_num_threads(g.threads);
-      expect_close(one, all, 2e-6f, std::string(isa_name(isa)) + " " + c.str());
-    }
-  }
+  for (const PagedKernel& k : all_isas()) check_one_thread_and_all(k);
 }
 
 TEST(PagedAttention, WindowOneReturnsOwnValueRow) {
   IsaGuard g;
-  const Case c{20, 0, 20, 6, 2, 64, 16, 1};
-  const auto p = make_paged(c, 31);
-  const auto q = randn(size_t(c.n_q * c.heads * c.hd), 32);
-  for (Isa isa : isas()) {
-    set_active_isa(isa);
-    const auto o = run_fast(c, q, p);
-    for (int64_t t = 0; t < c.n_q; ++t)
-      for (int64_t h = 0; h < c.heads; ++h)
-        for (int64_t d = 0; d < c.hd; ++d)
-          ASSERT_NEAR(o[(t * c.heads + h) * c.hd + d], p.v[(t * c.kv_heads + h / 3) * c.hd + d], 1e-6f)
-              << isa_name(isa) << " t=" << t << " h=" << h;
-  }
+  for (const PagedKernel& k : all_isas()) check_window_one_returns_own_value_row(k);
 }
 
 TEST(PagedAttention, LargeScoresDoNotOverflow) {
-  // Scores of several hundred: exp must be taken relative to the running max, per tile.
   IsaGuard g;
-  const Case c{70, 60, 130, 4, 2, 64, 16, 0};
-  auto p = make_paged(c, 41);
-  auto q = randn(size_t(c.n_q * c.heads * c.hd), 42);
-  for (auto& x : q) x *= 30.0f;
-  const auto ref = run_ref(c, q, p);
-  for (Isa isa : isas()) {
-    set_active_isa(isa);
-    for (int64_t s : {1, 4}) {
-      const auto o = run_fast(c, q, p, s);
-      for (size_t i = 0; i < o.size(); ++i) ASSERT_TRUE(std::isfinite(o[i])) << i;
-      // f32 scores of size ~|s| carry ~|s|·1e-7 absolute error, which e^s turns into relative
-      // error of the weights; with |s| up to ~100, 1e-5 is below what f32 scores can give.
-      expect_close(o, ref, 1e-4f, std::string(isa_name(isa)) + " splits=" + std::to_string(s));
-    }
-  }
+  for (const PagedKernel& k : all_isas()) check_large_scores_do_not_overflow(k);
+}
+
+TEST(PagedAttention, LogSumExpOutput) {
+  IsaGuard g;
+  for (const PagedKernel& k : all_isas()) check_log_sum_exp(k);
 }

@@ -1,13 +1,15 @@
 // Internal: paged causal GQA attention in the FlashAttention-2 style (Dao, "FlashAttention-2:
 // Faster Attention with Better Parallelism and Work Partitioning", 2023), with flash-decoding's
-// split-K for few-query calls. Written once and compiled twice: for the baseline ISA
-// (flash_attention.cpp) and for AVX2+FMA (flash_attention_avx2.cpp). Only the three micro-kernels
-// (score tile, exp, P·V) differ between the builds; tiling, masking, the online softmax, split-K
+// split-K for few-query calls. Written once and compiled per ISA: baseline (flash_attention.cpp),
+// AVX2+FMA (flash_attention_avx2.cpp) and AVX-512 (flash_attention_avx512.cpp, micro-kernels in
+// flash_attention_avx512_kernels.h; the same AVX-512 source is also built on SIMDe's emulation
+// for a test, tests/kernels/flash_attention_avx512_emu.cpp). Only the micro-kernels (score tile,
+// exp, row max, P·V) differ between the builds; tiling, masking, the online softmax, split-K
 // and the OpenMP schedule are shared.
 //
-// The namespace is per ISA (KVB_FA_NS): the two builds of these inline functions must never be
+// The namespace is per build (KVB_FA_NS): the builds of these inline functions must never be
 // merged by the linker under the one-definition rule, or the scalar path could end up running
-// AVX2 code (or the AVX2 path the scalar code).
+// AVX2 code (or the AVX2 path AVX-512 code, or the native AVX-512 path the emulated one).
 //
 // Work decomposition. For one kv head, the "rows" are the (query, head-in-group) pairs that read
 // it: row r = query r / group, head kv_head * group + r % group. A work unit is a tile of up to
@@ -38,11 +40,19 @@
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(KVB_FA_AVX512_NS)
+// The AVX-512 builds name their namespace and include the intrinsics themselves: <immintrin.h>
+// (native) or <simde/x86/avx512.h> (emulated); both also provide the AVX2 helpers below.
+#define KVB_FA_AVX512 1
+#define KVB_FA_AVX2 0
+#define KVB_FA_NS KVB_FA_AVX512_NS
+#elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+#define KVB_FA_AVX512 0
 #define KVB_FA_AVX2 1
 #define KVB_FA_NS flash_avx2
 #else
+#define KVB_FA_AVX512 0
 #define KVB_FA_AVX2 0
 #define KVB_FA_NS flash_scalar
 #endif
@@ -83,7 +93,7 @@ struct Problem {
 // ---------------------------------------------------------------------------------------------
 // Micro-kernels. S is a score tile with row stride kTileKeys.
 
-#if KVB_FA_AVX2
+#if KVB_FA_AVX2 || KVB_FA_AVX512  // 256-bit helpers; the AVX-512 sums fold to 256 bits first
 
 inline __m256i tail_mask(int64_t n) {  // first n lanes on (0 < n < 8)
   const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -105,6 +115,14 @@ inline float hsum(__m256 a) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+
+#endif
+
+#if KVB_FA_AVX512
+
+#include "cpu/flash_attention_avx512_kernels.h"  // inside this namespace, on purpose
+
+#elif KVB_FA_AVX2
 
 // e^x, Cephes expf: Cody-Waite reduction by ln 2 and a degree-6 polynomial, ~1-2 ulp over the
 // range that matters here (x <= 0). Inputs below -88.37 (including -inf, masked scores) give 0.
@@ -478,3 +496,4 @@ inline void paged_attention(const float* q, const float* k_pool, const float* v_
 
 #undef KVB_FA_NS
 #undef KVB_FA_AVX2
+#undef KVB_FA_AVX512
