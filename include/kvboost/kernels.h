@@ -81,9 +81,17 @@ void matmul_packed_ref(const float* x, const PackedWeight& w, const float* bias,
                        int64_t M);
 
 // Row-wise RMSNorm: y = x / sqrt(mean(x^2) + eps) * w.   x, y: [n_rows, dim]; w: [dim].
-// x == y is allowed.
+// x == y is allowed. Large inputs (prefill) are split by rows over the thread pool.
 void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t dim, float eps);
 void rms_norm_ref(const float* x, const float* w, float* y, int64_t n_rows, int64_t dim, float eps);
+// The residual add fused with the RMSNorm after it (the decoder's `x += sublayer output;
+// h = rms_norm(x)`) in one pass over x and d: x += d, then y = rms_norm(x) * w.
+// x, d, y: [n_rows, dim]; w: [dim]. y may alias d, not x. Equals the add loop followed by
+// rms_norm up to the order of the sum of squares (bit-identical with GCC on each path).
+void add_rms_norm(float* x, const float* d, const float* w, float* y, int64_t n_rows, int64_t dim,
+                  float eps);
+void add_rms_norm_ref(float* x, const float* d, const float* w, float* y, int64_t n_rows,
+                      int64_t dim, float eps);
 
 // Rotary embedding, Hugging Face rotate-half convention: within each head the pair is
 // (i, i + head_dim/2). x: [n_tokens, n_heads, head_dim], rotated in place. cos/sin:
@@ -98,7 +106,8 @@ void rope_rotate_half(float* x, const float* cos, const float* sin, int64_t n_to
 void rope_shift(float* k, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const float* inv_freq,
                 int64_t delta);
 
-// y[i] = silu(gate[i]) * up[i]; gate/up/y: [n]. y may alias gate.
+// y[i] = silu(gate[i]) * up[i]; gate/up/y: [n]. y may alias gate. The AVX2 version evaluates
+// e^x with a polynomial (~2 ulp of the reference); large n is split over the thread pool.
 void silu_mul(const float* gate, const float* up, float* y, int64_t n);
 void silu_mul_ref(const float* gate, const float* up, float* y, int64_t n);
 // y[i] = gelu_tanh(gate[i]) * up[i], gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))

@@ -58,14 +58,48 @@ void matmul_packed(const float* x, const PackedWeight& w, const float* bias, flo
   matmul_packed_ref(x, w, bias, y, M);
 }
 
+namespace {
+// Element-wise kernels are split over the thread pool from this many floats on (37 tokens at
+// hidden 896; a single decode row stays on the calling thread, where a pool round trip would
+// cost more than the work).
+constexpr int64_t kEltParallelMin = 1 << 15;
+
+// f(r0, r1) over rows [0, n_rows), split over the pool when the rows hold enough floats.
+template <typename F>
+void for_rows(int64_t n_rows, int64_t dim, F&& f) {
+  if (n_rows < 2 || n_rows * dim < kEltParallelMin) {
+    if (n_rows > 0) f(int64_t(0), n_rows);
+    return;
+  }
+  parallel_for(n_rows, 1, 2, f);
+}
+}  // namespace
+
 void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t dim, float eps) {
-  if (active_isa() >= Isa::Avx2) return cpu::rms_norm_avx2(x, w, y, n_rows, dim, eps);
-  rms_norm_ref(x, w, y, n_rows, dim, eps);
+  const bool avx2 = active_isa() >= Isa::Avx2;
+  for_rows(n_rows, dim, [&](int64_t r0, int64_t r1) {
+    if (avx2) cpu::rms_norm_avx2(x + r0 * dim, w, y + r0 * dim, r1 - r0, dim, eps);
+    else rms_norm_ref(x + r0 * dim, w, y + r0 * dim, r1 - r0, dim, eps);
+  });
+}
+
+void add_rms_norm(float* x, const float* d, const float* w, float* y, int64_t n_rows, int64_t dim,
+                  float eps) {
+  const bool avx2 = active_isa() >= Isa::Avx2;
+  for_rows(n_rows, dim, [&](int64_t r0, int64_t r1) {
+    const int64_t o = r0 * dim;
+    if (avx2) cpu::add_rms_norm_avx2(x + o, d + o, w, y + o, r1 - r0, dim, eps);
+    else add_rms_norm_ref(x + o, d + o, w, y + o, r1 - r0, dim, eps);
+  });
 }
 
 void silu_mul(const float* gate, const float* up, float* y, int64_t n) {
-  if (active_isa() >= Isa::Avx2) return cpu::silu_mul_avx2(gate, up, y, n);
-  silu_mul_ref(gate, up, y, n);
+  const bool avx2 = active_isa() >= Isa::Avx2;
+  // Ranges on 16-float boundaries: threads never share a cache line of y.
+  parallel_for(n, 16, kEltParallelMin, [&](int64_t b, int64_t e) {
+    if (avx2) cpu::silu_mul_avx2(gate + b, up + b, y + b, e - b);
+    else silu_mul_ref(gate + b, up + b, y + b, e - b);
+  });
 }
 
 void gelu_tanh_mul(const float* gate, const float* up, float* y, int64_t n) {

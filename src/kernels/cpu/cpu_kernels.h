@@ -19,6 +19,8 @@ void matmul_packed_avx2(const float* x, const PackedWeight& w, const float* bias
                         int64_t M);
 
 void rms_norm_avx2(const float* x, const float* w, float* y, int64_t n_rows, int64_t dim, float eps);
+void add_rms_norm_avx2(float* x, const float* d, const float* w, float* y, int64_t n_rows, int64_t dim,
+                       float eps);
 void silu_mul_avx2(const float* gate, const float* up, float* y, int64_t n);
 void gelu_tanh_mul_avx2(const float* gate, const float* up, float* y, int64_t n);
 

@@ -13,6 +13,11 @@ void rms_norm_ref(const float* x, const float* w, float* y, int64_t n_rows, int6
   cpu::scalar_impl::rms_norm(x, w, y, n_rows, dim, eps);
 }
 
+void add_rms_norm_ref(float* x, const float* d, const float* w, float* y, int64_t n_rows, int64_t dim,
+                      float eps) {
+  cpu::scalar_impl::add_rms_norm(x, d, w, y, n_rows, dim, eps);
+}
+
 void silu_mul_ref(const float* gate, const float* up, float* y, int64_t n) {
   cpu::scalar_impl::silu_mul(gate, up, y, n);
 }

@@ -23,6 +23,29 @@ inline void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, i
   }
 }
 
+// x += d, then y = rms_norm(x) * w, row by row in one pass over x and d: the same f32
+// operations as the loop `x[i] += d[i]` followed by rms_norm above, so the results agree up to
+// the order in which the vectorised sum of squares is added (bit-identical with GCC here). y may
+// alias d (a row of d is consumed before that row of y is written), not x.
+inline void add_rms_norm(float* x, const float* d, const float* w, float* y, int64_t n_rows,
+                         int64_t dim, float eps) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float* xr = x + r * dim;
+    const float* dr = d + r * dim;
+    float* yr = y + r * dim;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < dim; ++i) {
+      const float v = xr[i] + dr[i];
+      xr[i] = v;
+      ss += v * v;
+    }
+    const float inv = 1.0f / std::sqrt(ss / float(dim) + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) yr[i] = w[i] * (xr[i] * inv);
+  }
+}
+
 inline void silu_mul(const float* gate, const float* up, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {

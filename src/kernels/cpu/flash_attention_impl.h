@@ -48,6 +48,8 @@
 #define KVB_FA_NS KVB_FA_AVX512_NS
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+
+#include "cpu/exp_avx2.h"
 #define KVB_FA_AVX512 0
 #define KVB_FA_AVX2 1
 #define KVB_FA_NS flash_avx2
@@ -124,26 +126,7 @@ inline float hsum(__m256 a) {
 
 #elif KVB_FA_AVX2
 
-// e^x, Cephes expf: Cody-Waite reduction by ln 2 and a degree-6 polynomial, ~1-2 ulp over the
-// range that matters here (x <= 0). Inputs below -88.37 (including -inf, masked scores) give 0.
-inline __m256 exp256(__m256 x) {
-  const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-88.3762626647949f);
-  x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
-  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-  fx = _mm256_floor_ps(fx);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  // 2^fx through the exponent field; fx == -127 (the clamp) encodes +0.
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
+using avx2_math::exp256;  // cpu/exp_avx2.h
 
 // S[r][t] = scale * q_r · k_t for r < n_rows (rounded up to even: qrow[n_rows] must be valid)
 // and t < n_keys4 (a multiple of 4: kp[] padded). 2 rows × 4 keys per step: 6 loads per 8 FMAs,
