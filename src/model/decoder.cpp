@@ -399,8 +399,13 @@ struct Rows {
 };
 
 // Activations of one pass: x [n, H] is the residual stream; the rest is scratch.
+// pending: h holds the last layer's MLP output, not yet added to x. The add is fused into the
+// next RMSNorm that reads x (the next layer's input norm, or the final norm of the logit rows:
+// kernels::add_rms_norm), which saves a pass over x per layer; residual_row() applies it to the
+// rows whose x is read directly.
 struct Work {
   std::vector<float> x, h, q, k, v, att, gate, up, cos, sin, part, lse, lse_part;
+  bool pending = false;
   std::vector<float> cos_local, sin_local;  // sliding layers with their own RoPE base (gemma3)
   // The current layer's matrices (in kMatNames order) when streamed: they live in a slot of
   // the streamer for this layer only. nullptr: the resident ones of the Layer.
@@ -412,6 +417,16 @@ struct Work {
     gate.resize(size_t(n * c.intermediate_size)), up.resize(size_t(n * c.intermediate_size));
     cos.resize(size_t(n * c.head_dim / 2)), sin.resize(size_t(n * c.head_dim / 2));
     if (paged_in) part.resize(size_t(n * nq)), lse.resize(size_t(n * c.n_heads)), lse_part.resize(lse.size());
+  }
+  // Row r of the residual stream into out [H], with a pending add applied.
+  void residual_row(int64_t r, int64_t H, float* out) const {
+    const float* xr = &x[size_t(r * H)];
+    if (!pending) {
+      std::memcpy(out, xr, size_t(H) * sizeof(float));
+      return;
+    }
+    const float* hr = &h[size_t(r * H)];
+    for (int64_t i = 0; i < H; ++i) out[i] = xr[i] + hr[i];
   }
 };
 
@@ -486,7 +501,10 @@ void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void*
   const float* sin = local ? w.sin_local.data() : w.sin.data();
   auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
 
-  kernels::rms_norm(w.x.data(), L.attn_norm.data(), w.h.data(), n, H, eps);
+  // The previous layer's MLP output joins the residual stream here, fused with this norm.
+  if (w.pending) kernels::add_rms_norm(w.x.data(), w.h.data(), L.attn_norm.data(), w.h.data(), n, H, eps);
+  else kernels::rms_norm(w.x.data(), L.attn_norm.data(), w.h.data(), n, H, eps);
+  w.pending = false;
   if (!kv_only) kernels::matmul(w.h.data(), wq.data, wq.type, bias(L.q_bias), w.q.data(), n, nq, H);
   kernels::matmul(w.h.data(), wk.data, wk.type, bias(L.k_bias), w.k.data(), n, nkv, H);
   kernels::matmul(w.h.data(), wv.data, wv.type, bias(L.v_bias), w.v.data(), n, nkv, H);
@@ -542,9 +560,7 @@ void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void*
   // Gemma 3 (llama.cpp gemma3.cpp): attn_post_norm on the attention output before the
   // residual add, ffn_post_norm on the MLP output before its add.
   if (c.sandwich_norms) kernels::rms_norm(w.h.data(), L.post_attn_norm.data(), w.h.data(), n, H, eps);
-  for (int64_t i = 0; i < n * H; ++i) w.x[size_t(i)] += w.h[size_t(i)];
-
-  kernels::rms_norm(w.x.data(), L.mlp_norm.data(), w.h.data(), n, H, eps);
+  kernels::add_rms_norm(w.x.data(), w.h.data(), L.mlp_norm.data(), w.h.data(), n, H, eps);  // x += attn; h = norm(x)
   kernels::matmul(w.h.data(), w_gate.data, w_gate.type, nullptr, w.gate.data(), n, I, H);
   kernels::matmul(w.h.data(), w_up.data, w_up.type, nullptr, w.up.data(), n, I, H);
   if (c.hidden_act == "gelu_pytorch_tanh")
@@ -553,7 +569,7 @@ void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void*
     kernels::silu_mul(w.gate.data(), w.up.data(), w.gate.data(), n * I);
   kernels::matmul(w.gate.data(), w_down.data, w_down.type, nullptr, w.h.data(), n, H, I);
   if (c.sandwich_norms) kernels::rms_norm(w.h.data(), L.post_mlp_norm.data(), w.h.data(), n, H, eps);
-  for (int64_t i = 0; i < n * H; ++i) w.x[size_t(i)] += w.h[size_t(i)];
+  w.pending = true;  // x += h happens in the next norm (see Work)
 }
 
 void Model::embed(const int32_t* tokens, int64_t n, float* x) const {
@@ -621,7 +637,7 @@ void Model::forward_batch(const SeqBatch* seqs, int64_t n_seqs) const {
   if (src.empty()) return;
   const int64_t m = int64_t(src.size());
   std::vector<float> xs(size_t(m * H));
-  for (int64_t i = 0; i < m; ++i) std::memcpy(&xs[size_t(i * H)], &w.x[size_t(src[size_t(i)] * H)], size_t(H) * sizeof(float));
+  for (int64_t i = 0; i < m; ++i) w.residual_row(src[size_t(i)], H, &xs[size_t(i * H)]);  // the last layer's add, for these rows only
   kernels::rms_norm(xs.data(), final_norm_store_.data(), xs.data(), m, H, float(c.rms_norm_eps));
   const bool direct = n_seqs == 1;  // one sequence: straight into its buffer
   std::vector<float> out(direct ? 0 : size_t(m * c.vocab_size));
@@ -722,7 +738,9 @@ BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& 
   }
   w2.mats = nullptr;
   pass.reset();
-  kernels::rms_norm(&w2.x[size_t((m - 1) * H)], final_norm_store_.data(), w2.h.data(), 1, H, float(c.rms_norm_eps));
+  std::vector<float> last(static_cast<size_t>(H));
+  w2.residual_row(m - 1, H, last.data());
+  kernels::rms_norm(last.data(), final_norm_store_.data(), w2.h.data(), 1, H, float(c.rms_norm_eps));
   kernels::matmul(w2.h.data(), lm_head_.data, lm_head_.type, nullptr, logits, 1, c.vocab_size, H);
   return st;
 }
