@@ -209,6 +209,16 @@ inline int64_t ggml_row_bytes(GgmlType t, int64_t n) {
 void dequantize_row(const void* src, GgmlType t, float* dst, int64_t n);
 void dequantize_row_ref(const void* src, GgmlType t, float* dst, int64_t n);
 
+// The other direction, for weights quantized at load (the output projection, LoadOptions::
+// head_quant): dst = the n elements of src (f32) as wtype_row_bytes(wt, n) bytes of wt blocks.
+// Q8_0, Q4_0 and Q6_K are llama.cpp's reference quantizers without an importance matrix
+// (quantize_row_q8_0_ref: d = max|x| / 127, q = round(x / d); q4_0_ref: d = (signed max) / -8;
+// q6_K_ref: per-16 scales chosen by make_qx_quants' weighted least squares); Q4_Z is per-32
+// min/max asymmetric (AWQ's rounding). n must be a multiple of the block; other types: Error.
+// Single-threaded and scalar (load time).
+bool quantize_row_supported(WType wt);
+void quantize_row(const float* src, WType wt, void* dst, int64_t n);
+
 // ---- sampling math (over one row of logits) ----
 // In-place softmax of x[0..n).
 void softmax(float* x, int64_t n);

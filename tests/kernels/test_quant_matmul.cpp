@@ -10,6 +10,7 @@
 // The scalar and AVX2 paths compute the same integer dots (below 64 tokens; from 64 on both
 // dequantize the weights and use f32 dots), so between them only the f32 rounding term remains.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -367,3 +368,97 @@ TEST_P(QuantMatmulType, ThreadCounts) {
 
 INSTANTIATE_TEST_SUITE_P(Types, QuantMatmulType, ::testing::ValuesIn(kQTypes),
                          [](const ::testing::TestParamInfo<WType>& i) { return std::string(wtype_name(i.param)); });
+
+// ---- kernels::quantize_row (f32 -> blocks at load: the output projection) ----
+//
+// Per element, the error of dequantize(quantize(x)) is bounded by the format's step: Q8_0
+// |d|/2 plus the f16 rounding of d times |q| <= 127 (0.57 |d|); Q4_0 |d| (the largest value maps
+// to -8 exactly, values of the other sign up to +8 are clamped to 7); Q4_Z d/2, and 0.507 d for
+// the max when the f16-rounded d puts it just past level 15.5; Q6_K 1.5 times its sub-block step d * scale (make_qx_quants may clamp the largest
+// value of a sub-block by up to 0.9 step); and the reconstruction's RMS error relative to the
+// values' RMS is measured and bounded.
+TEST(QuantizeRow, ErrorWithinTheStepAndSmallRms) {
+  const WType types[] = {WType::Q8_0, WType::Q4_0, WType::Q6_K, WType::Q4_Z};
+  const double max_rel_rms[] = {0.006, 0.11, 0.02, 0.09};  // measured ~0.4%, 8%, 1.4%, 6.5%
+  for (int ti = 0; ti < 4; ++ti) {
+    const WType wt = types[ti];
+    ASSERT_TRUE(quantize_row_supported(wt));
+    const int64_t N = 64, K = 512, be = wtype_block_elems(wt), bb = wtype_block_bytes(wt);
+    std::vector<float> x = randv(size_t(N * K), 11 + uint64_t(ti), 0.05f);
+    for (int64_t k = 0; k < 64; ++k) x[size_t(3 * K + k)] = 0.0f;  // an all-zero block
+    std::vector<uint8_t> q(size_t(N * wtype_row_bytes(wt, K)));
+    for (int64_t n = 0; n < N; ++n) quantize_row(x.data() + n * K, wt, q.data() + n * wtype_row_bytes(wt, K), K);
+    const std::vector<float> y = dequant(q, wt, N, K);
+    double se = 0, ss = 0;
+    for (int64_t i = 0; i < N * K; ++i) {
+      const uint8_t* b = q.data() + (i / be) * bb;
+      const int64_t e = i % be;
+      double tol = 0;
+      switch (wt) {
+        case WType::Q8_0: tol = std::fabs(f16_to_f32(uint16_t(b[0] | b[1] << 8))) * 0.57; break;
+        case WType::Q4_0: tol = std::fabs(f16_to_f32(uint16_t(b[0] | b[1] << 8))) * 1.01; break;
+        case WType::Q4_Z: tol = f16_to_f32(uint16_t(b[0] | b[1] << 8)) * 0.51; break;
+        default: tol = std::fabs(f16_to_f32(uint16_t(b[208] | b[209] << 8)) * int8_t(b[192 + e / 16])) * 1.5; break;
+      }
+      ASSERT_LE(std::fabs(double(y[size_t(i)]) - x[size_t(i)]), tol * (1 + 1e-6) + 1e-12)
+          << wtype_name(wt) << " element " << i << ": " << x[size_t(i)] << " -> " << y[size_t(i)];
+      se += (double(y[size_t(i)]) - x[size_t(i)]) * (double(y[size_t(i)]) - x[size_t(i)]);
+      ss += double(x[size_t(i)]) * x[size_t(i)];
+    }
+    for (int64_t k = 0; k < 64; ++k) EXPECT_EQ(y[size_t(3 * K + k)], 0.0f) << wtype_name(wt);
+    const double rel = std::sqrt(se / ss);
+    std::printf("[ measured ] quantize_row %s: RMS error / RMS = %.4f\n", wtype_name(wt), rel);
+    EXPECT_LE(rel, max_rel_rms[ti]) << wtype_name(wt);
+  }
+}
+
+// Q8_0 and Q4_0 are llama.cpp's formulas, which the test's own quantizers (above) also follow:
+// the same blocks except where x / d and x * (1 / d) round differently (a tie; rare).
+TEST(QuantizeRow, Q8_0AndQ4_0AsLlamaCpp) {
+  const int64_t K = 32 * 512;
+  const std::vector<float> x = randv(size_t(K), 21, 0.05f);
+  for (WType wt : {WType::Q8_0, WType::Q4_0}) {
+    std::vector<uint8_t> q(size_t(wtype_row_bytes(wt, K)));
+    quantize_row(x.data(), wt, q.data(), K);
+    const std::vector<uint8_t> want = quantize_rows(x, wt, 1, K);
+    int64_t diff = 0;
+    for (size_t i = 0; i < q.size(); ++i) diff += q[i] != want[i];
+    EXPECT_LE(diff, int64_t(q.size() / 1000)) << wtype_name(wt);
+  }
+}
+
+// Blocks written by quantize_row run through the quantized matmul on every ISA path within the
+// activation-rounding bound of the reference.
+TEST(QuantizeRow, MatmulOverQuantizedRowsEveryIsa) {
+  IsaGuard guard;
+  for (WType wt : {WType::Q8_0, WType::Q4_0, WType::Q6_K, WType::Q4_Z}) {
+    const int64_t M = 3, N = 67, K = 768;
+    const std::vector<float> x = randv(size_t(M * K), 31), wf0 = randv(size_t(N * K), 32, 0.05f);
+    std::vector<uint8_t> w(size_t(N * wtype_row_bytes(wt, K)));
+    quantize_row(wf0.data(), wt, w.data(), N * K);  // rows are whole blocks: one call for all
+    const std::vector<float> wf = dequant(w, wt, N, K);
+    const Bound tol = bound(x, wf, M, N, K);
+    for (int64_t m : {int64_t(1), M}) {
+      std::vector<float> ref(size_t(m * N)), y(size_t(m * N));
+      matmul_ref(x.data(), w.data(), wt, nullptr, ref.data(), m, N, K);
+      for (Isa isa : isas()) {
+        set_active_isa(isa);
+        matmul(x.data(), w.data(), wt, nullptr, y.data(), m, N, K);
+        for (int64_t i = 0; i < m * N; ++i)
+          ASSERT_LE(std::fabs(double(y[size_t(i)]) - ref[size_t(i)]), tol.act[size_t(i)] + tol.round[size_t(i)])
+              << wtype_name(wt) << " " << isa_name(isa) << " M " << m << " at " << i;
+      }
+    }
+  }
+}
+
+TEST(QuantizeRow, Errors) {
+  std::vector<float> x(512, 1.0f);
+  std::vector<uint8_t> q(4096);
+  EXPECT_FALSE(quantize_row_supported(WType::Q4_K));
+  EXPECT_FALSE(quantize_row_supported(WType::BF16));
+  EXPECT_THROW(quantize_row(x.data(), WType::Q4_K, q.data(), 256), Error);
+  EXPECT_THROW(quantize_row(x.data(), WType::F32, q.data(), 256), Error);
+  EXPECT_THROW(quantize_row(x.data(), WType::Q8_0, q.data(), 40), Error);   // not whole blocks
+  EXPECT_THROW(quantize_row(x.data(), WType::Q6_K, q.data(), 128), Error);  // Q6_K: 256
+}
