@@ -64,7 +64,9 @@ struct ModelConfig {
   // llama.cpp's converter stores 1 + w in GGUF files, so 0 there.
   float norm_weight_offset = 0.0f;
   std::optional<int32_t> bos_token_id;
-  std::vector<int32_t> eos_token_ids;  // generation_config.json first, then config.json
+  // generation_config.json first, then config.json; GGUF: eos plus the end-of-turn tokens
+  // llama.cpp stops at (Gemma's <end_of_turn>, <|eot_id|>, <|im_end|>, ...)
+  std::vector<int32_t> eos_token_ids;
   GenerationDefaults generation;
 
   // Parses config.json (and generation_config.json when present) of a model directory.

@@ -80,6 +80,12 @@ ModelConfig ModelConfig::from_json(const std::string& config_json,
   auto mt = j.find("model_type");
   if (mt == j.end() || !mt->is_string()) fail(source, ": missing field \"model_type\"");
   c.model_type = mt->get<std::string>();
+  // Gemma 3's text-only checkpoints (270M, 1B: Gemma3ForCausalLM) say gemma3_text; the
+  // multimodal ones say gemma3 with the text model's fields under text_config (not supported).
+  if (c.model_type == "gemma3_text") c.model_type = "gemma3";
+  if (c.model_type == "gemma3" && j.contains("text_config") && !j.contains("hidden_size"))
+    fail(source, ": a multimodal Gemma 3 config (fields under \"text_config\") is not supported; "
+         "text-only checkpoints (model_type gemma3_text) are");
   const auto& types = supported_model_types();
   if (std::find(types.begin(), types.end(), c.model_type) == types.end()) {
     std::string list;

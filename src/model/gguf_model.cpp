@@ -12,6 +12,9 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <climits>
+
 #include <nlohmann/json.hpp>
 
 #include "gguf.h"
@@ -96,6 +99,26 @@ void unpermute_rows(const uint8_t* src, uint8_t* dst, int64_t n_rows, int64_t he
                     src + size_t(h * head_rows + 2 * i + j) * row_bytes, row_bytes);
 }
 
+// Tokens that end a generation besides tokenizer.ggml.eos_token_id, as llama.cpp's vocabulary
+// loader (llama-vocab.cpp, special_eog_ids) decides them: tokenizer.ggml.eot_token_id and
+// eom_token_id when present, and tokens whose text is a known end of turn. Gemma 3's GGUF files
+// carry only eos = 1 (<eos>) while a chat turn ends with <end_of_turn> (106); Hugging Face's
+// checkpoints list both in generation_config.json (eos_token_id [1, 106]).
+void add_end_of_generation_ids(const gguf::File& f, std::vector<int32_t>& ids) {
+  auto add = [&](int64_t id) {
+    if (id >= 0 && id <= INT32_MAX && std::find(ids.begin(), ids.end(), int32_t(id)) == ids.end()) ids.push_back(int32_t(id));
+  };
+  for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
+    if (f.find(key)) add(f.get_int(key));
+  const gguf::Value* tokens = f.find("tokenizer.ggml.tokens");
+  if (!tokens) return;
+  static const char* const kTurnEnds[] = {"<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|im_end|>",
+                                          "<|endoftext|>", "<|end_of_text|>"};
+  for (size_t i = 0; i < tokens->strings.size(); ++i)
+    for (const char* t : kTurnEnds)
+      if (tokens->strings[i] == t) add(int64_t(i));
+}
+
 }  // namespace
 
 std::string gguf_model_file(const std::string& path) {
@@ -170,6 +193,7 @@ ModelConfig ModelConfig::from_gguf(const std::string& gguf_path) {
   if (f.find("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = f.get_int("tokenizer.ggml.eos_token_id");
   ModelConfig c = from_json(j.dump(), "", gguf_path);
   if (arch == "gemma3") c.norm_weight_offset = 0.0f;  // the converter stored 1 + w already
+  add_end_of_generation_ids(f, c.eos_token_ids);
   return c;
 }
 

@@ -193,6 +193,35 @@ TEST(GgufModel, UnsupportedArchitectureIsAnError) {
   }
 }
 
+// End-of-generation ids as llama.cpp decides them: eos, tokenizer.ggml.eot_token_id /
+// eom_token_id, and tokens whose text ends a turn (Gemma's <end_of_turn>, which Gemma 3 GGUF
+// files do not name in any key: without it a chat reply never stops).
+TEST(GgufModel, EndOfTurnTokensJoinEos) {
+  auto file = [](const std::vector<std::string>& tokens, int64_t eot) {
+    Builder b;
+    b.kv_str("general.architecture", "gemma3");
+    b.kv_u32("gemma3.embedding_length", 8);
+    b.kv_u32("gemma3.feed_forward_length", 16);
+    b.kv_u32("gemma3.block_count", 1);
+    b.kv_u32("gemma3.attention.head_count", 2);
+    b.kv_u32("tokenizer.ggml.eos_token_id", 1);
+    if (eot >= 0) b.kv_u32("tokenizer.ggml.eot_token_id", uint32_t(eot));
+    b.kv_strs("tokenizer.ggml.tokens", tokens);
+    std::vector<float> emb(8 * tokens.size(), 0.0f);
+    b.tensor("token_embd.weight", GgmlType::F32, {8, int64_t(tokens.size())}, emb.data(), emb.size() * 4);
+    return b.finish();
+  };
+  const std::string dir = test::make_temp_dir("gguf_eog");
+  const std::vector<std::string> gemma = {"<pad>", "<eos>", "<bos>", "a", "<start_of_turn>", "<end_of_turn>", "b"};
+  EXPECT_EQ(ModelConfig::from_gguf(write(dir, "g.gguf", file(gemma, -1))).eos_token_ids, (std::vector<int32_t>{1, 5}));
+  // An explicit eot key (listed once even when its text is also recognised), and ChatML's end.
+  EXPECT_EQ(ModelConfig::from_gguf(write(dir, "e.gguf", file(gemma, 3))).eos_token_ids, (std::vector<int32_t>{1, 3, 5}));
+  EXPECT_EQ(ModelConfig::from_gguf(write(dir, "c.gguf", file({"x", "<|endoftext|>", "<|im_end|>"}, 2))).eos_token_ids,
+            (std::vector<int32_t>{1, 2}));
+  // No turn-end token: eos alone.
+  EXPECT_EQ(ModelConfig::from_gguf(write(dir, "n.gguf", file({"x", "y", "z"}, -1))).eos_token_ids, (std::vector<int32_t>{1}));
+}
+
 // ---- against files written by the gguf Python package ----
 
 namespace {
