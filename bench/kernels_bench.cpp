@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
 
@@ -32,6 +33,9 @@
 
 using namespace kvboost;
 using namespace kvboost::kernels;
+using kvboost::bench::apply_env;
+using kvboost::bench::make_weights;
+using kvboost::bench::randv;
 
 namespace {
 
@@ -47,37 +51,6 @@ const Shape kShapes[] = {
     {"l1b.lm_head", 128256, 2048},
 };
 
-std::vector<float> randv(size_t n, uint64_t seed, float scale) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// n_copies copies of a random [N, K] matrix of type wt, contiguous.
-std::vector<uint8_t> make_weights(WType wt, int64_t N, int64_t K, int n_copies) {
-  const size_t one = size_t(N * K) * wtype_size(wt);
-  std::vector<uint8_t> buf(one * n_copies);
-  const auto f = randv(size_t(N * K), 7, 0.05f);
-  for (int64_t i = 0; i < N * K; ++i) {
-    if (wt == WType::F32) std::memcpy(buf.data() + 4 * i, &f[i], 4);
-    else {
-      const uint16_t h = wt == WType::F16 ? f32_to_f16(f[i]) : f32_to_bf16(f[i]);
-      std::memcpy(buf.data() + 2 * i, &h, 2);
-    }
-  }
-  for (int c = 1; c < n_copies; ++c) std::memcpy(buf.data() + one * c, buf.data(), one);
-  return buf;
-}
-
-void apply_env() {
-  static bool done = false;
-  if (done) return;
-  done = true;
-  if (const char* t = std::getenv("KVBOOST_THREADS")) set_num_threads(std::atoi(t));
-}
-
 void BM_Gemv(benchmark::State& st, Shape s, WType wt) {
   apply_env();
   const size_t one = size_t(s.N * s.K) * wtype_size(wt);
@@ -92,7 +65,7 @@ void BM_Gemv(benchmark::State& st, Shape s, WType wt) {
     c = (c + 1) % n_copies;
   }
   st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(one));
-  st.SetLabel(std::string(isa_name(active_isa())) + " threads=" + std::to_string(num_threads()));
+  st.SetLabel(kvboost::bench::label());
 }
 
 void BM_Gemm(benchmark::State& st, Shape s, WType wt, int64_t M) {
@@ -106,7 +79,7 @@ void BM_Gemm(benchmark::State& st, Shape s, WType wt, int64_t M) {
   }
   st.counters["FLOPS"] = benchmark::Counter(2.0 * double(M) * double(s.N) * double(s.K),
                                             benchmark::Counter::kIsIterationInvariantRate);
-  st.SetLabel(std::string(isa_name(active_isa())) + " threads=" + std::to_string(num_threads()));
+  st.SetLabel(kvboost::bench::label());
 }
 
 void BM_GemvPacked(benchmark::State& st, Shape s, WType wt) {
@@ -127,7 +100,7 @@ void BM_GemvPacked(benchmark::State& st, Shape s, WType wt) {
     c = (c + 1) % n_copies;
   }
   st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(one));
-  st.SetLabel(std::string(isa_name(active_isa())) + " threads=" + std::to_string(num_threads()));
+  st.SetLabel(kvboost::bench::label());
 }
 
 void BM_GemmPacked(benchmark::State& st, Shape s, WType wt, int64_t M) {
@@ -142,7 +115,7 @@ void BM_GemmPacked(benchmark::State& st, Shape s, WType wt, int64_t M) {
   }
   st.counters["FLOPS"] = benchmark::Counter(2.0 * double(M) * double(s.N) * double(s.K),
                                             benchmark::Counter::kIsIterationInvariantRate);
-  st.SetLabel(std::string(isa_name(active_isa())) + " threads=" + std::to_string(num_threads()));
+  st.SetLabel(kvboost::bench::label());
 }
 
 // Library baselines: f32 SGEMM y = x·Wᵀ with W [N, K] f32 (they have no bf16-weight GEMM on
