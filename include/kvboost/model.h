@@ -219,8 +219,27 @@ struct BlendStats {
   int64_t n_rows_late = 0;        // tokens computed per later layer (selected + new)
 };
 
+// The output projection (lm_head, or the embedding table when tied) quantized once at load
+// into blocks the quantized matmul reads, as llama.cpp stores its output tensor: decode reads
+// the whole [vocab, hidden] head for every token, so on small models it is a large share of the
+// bytes per token (Qwen2.5-0.5B: 272 MB of bf16 of 496 MB per token with AWQ layers).
+//   Auto: Q8_0 for AWQ checkpoints (their layers are 4-bit already; README "AWQ 4-bit
+//         checkpoints" has the measurement), None otherwise.
+//   None: as stored.  Q8_0 / Q6_K / Q4_0: llama.cpp's reference quantizers (kernels::
+//         quantize_row). Q6_K needs hidden_size % 256 == 0; otherwise Q8_0 is used instead
+//         (llama.cpp's llama-quantize falls back the same way), with a note on stderr.
+// Only a float head (F32 / F16 / BF16) is quantized: a head already in blocks (GGUF) is kept
+// as it is. A tied embedding stays exact: the lookup keeps reading the stored table, and the
+// quantized head is a separate copy. Layer streaming keeps the head resident (quantized).
+enum class HeadQuant : uint8_t { Auto, None, Q8_0, Q6_K, Q4_0 };
+// "auto" | "none" | "q8_0" | "q6_k" | "q4_0" (case-insensitive); Error naming the value and
+// the choices otherwise. `what` names the option in the message (e.g. "--head-quant").
+HeadQuant parse_head_quant(const std::string& s, const std::string& what = "head_quant");
+const char* head_quant_name(HeadQuant q);  // "auto", "none", "q8_0", ...
+
 struct LoadOptions {
   bool prefault = true;
+  HeadQuant head_quant = HeadQuant::Auto;
   // Layer streaming: bytes of memory for per-layer matrices (q/k/v/o, gate/up/down). 0 = every
   // weight resident (memory-mapped) as usual. Otherwise a reader thread streams each forward
   // pass's layers from the weight files into a ring of budget / layer-size slots while earlier
@@ -246,11 +265,18 @@ class Model {
   const std::string& dir() const { return dir_; }
   // Bytes of the weights the model holds (matrices in their stored types, quantized blocks as
   // blocks; norm and bias vectors as f32), i.e. resident when not layer-streaming
-  // (stream_info().resident_bytes says what streaming keeps). Depends only on the checkpoint.
+  // (stream_info().resident_bytes says what streaming keeps). Depends only on the checkpoint
+  // and LoadOptions::head_quant (a quantized head counts in its blocks; quantizing a tied
+  // table adds the head's copy).
   size_t weight_bytes() const;
   // Bytes of the matrices one decoded token reads: every layer's q/k/v/o/gate/up/down and the
   // lm_head, in their stored types (decode's bandwidth bound is this / the read bandwidth).
   size_t decode_weight_bytes() const;
+
+  // The embedding table and the output projection as the forward pass reads them (the same
+  // data when tied and not quantized at load).
+  const Weight& embedding() const { return embed_; }
+  const Weight& lm_head() const { return lm_head_; }
 
   // Layer streaming state and counters (LoadOptions::weight_budget); streaming = false when
   // every weight is resident.
@@ -306,6 +332,8 @@ class Model {
   Weight embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
   std::vector<float> final_norm_store_;
+  std::vector<uint8_t> lm_head_store_;  // the head quantized at load (head_quant), or empty
+  void quantize_head(const LoadOptions& opt, bool awq);
   std::vector<float> inv_freq_;  // [head_dim / 2]
   std::vector<float> inv_freq_local_;  // sliding layers' (rope_local_theta), or empty
   std::unique_ptr<stream::LayerStreamer> stream_;  // null: every layer resident

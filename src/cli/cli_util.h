@@ -21,6 +21,9 @@ uint64_t parse_weight_budget(const std::string& s);
 inline constexpr const char* kWeightBudgetHelp =
     "Stream layer weights from disk, keeping at most this many bytes of layer matrices in memory, e.g. 768M "
     "(embeddings and norms stay resident; default 0: the whole model resident)";
+inline constexpr const char* kHeadQuantHelp =
+    "Quantize the output projection (lm_head / tied embeddings as head) at load: auto (q8_0 for AWQ "
+    "checkpoints, else none), none, q8_0, q6_k, q4_0; a head already quantized (GGUF) is kept";
 // Reads all of standard input as bytes.
 std::string read_stdin();
 

@@ -223,6 +223,7 @@ struct ModelArgs {
   std::vector<int> decode_contexts{128, 2048};
   bool no_reuse = false;
   std::string weight_budget = "0";
+  std::string head_quant = "auto";
 };
 
 // Matmul parameter counts of one forward token (weights read by decode).
@@ -282,15 +283,16 @@ void run_model(const ModelArgs& a) {
   const Roofline rl = measure_roofline(false, true);
   EngineOptions eo;
   eo.load.weight_budget = parse_weight_budget(a.weight_budget);
+  eo.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   auto engine = load_engine(dir, false, eo);
   const Model& m = engine->model();
   const ModelConfig& c = m.config();
   const ModelCounts mc = model_counts(m);
   const double decode_bytes = mc.decode_bytes;
   const int64_t ctx = engine->context_length();
-  std::printf("## %s (%s, %lld layers, hidden %lld, %.0f MB of weights read per decoded token)\n\n",
+  std::printf("## %s (%s, %lld layers, hidden %lld, %s head, %.0f MB of weights read per decoded token)\n\n",
               dir.c_str(), c.model_type.c_str(), (long long)c.n_layers, (long long)c.hidden_size,
-              decode_bytes / 1e6);
+              kernels::wtype_name(m.lm_head().type), decode_bytes / 1e6);
   std::printf("path %s, %d threads; roofline: read bandwidth %.1f GB/s, GEMM peak %.1f GFLOP/s; "
               "medians of %d runs\n\n",
               isa_name(active_isa()), num_threads(), rl.bw_all, rl.gemm_peak, a.runs);
@@ -490,6 +492,7 @@ CLI::App* add_bench(CLI::App& app) {
   model->add_option("--decode-context", ma->decode_contexts, "Contexts for decode")->delimiter(',');
   model->add_flag("--no-reuse", ma->no_reuse, "Skip the 50-after-1,550-cached prefill");
   model->add_option("--weight-budget", ma->weight_budget, kWeightBudgetHelp);
+  model->add_option("--head-quant", ma->head_quant, kHeadQuantHelp)->capture_default_str();
   model->callback([common, ma] {
     apply_common(common->threads, common->isa);
     run_model(*ma);

@@ -28,7 +28,7 @@ namespace kvboost::cli {
 namespace {
 
 struct StreamArgs {
-  std::string model, budget = "768M";
+  std::string model, budget = "768M", head_quant = "auto";
   int64_t prompt = 64, decode = 8;
   int runs = 3;
   int threads = 0;
@@ -170,6 +170,7 @@ void run_stream(const StreamArgs& a) {
 
   LoadOptions lo;
   lo.weight_budget = budget;
+  lo.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   const double tl = now_ms();
   auto model = Model::load(dir, lo);
   const double load_ms = now_ms() - tl;
@@ -251,6 +252,7 @@ void add_bench_stream(CLI::App* bench) {
   CLI::App* c = bench->add_subcommand("stream", "Layer streaming under --weight-budget: disk limit, prefill/decode tokens/s, bytes per token");
   c->add_option("-m,--model", a->model, "Model directory (default: the demo model)");
   c->add_option("--weight-budget", a->budget, "Bytes of layer matrices in memory, e.g. 768M; 0 = fully resident")->capture_default_str();
+  c->add_option("--head-quant", a->head_quant, kHeadQuantHelp)->capture_default_str();
   c->add_option("--prompt", a->prompt, "Prompt tokens (random ids)")->capture_default_str()->check(CLI::Range(1, 100000));
   c->add_option("--decode", a->decode, "Greedy decode steps per run")->capture_default_str()->check(CLI::Range(1, 100000));
   c->add_option("--runs", a->runs, "Runs (medians)")->capture_default_str()->check(CLI::Range(1, 100));

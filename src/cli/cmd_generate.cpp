@@ -19,6 +19,7 @@ struct GenerateArgs {
   int64_t block_size = 16;
   std::string kv_budget, cold_dir;
   std::string weight_budget = "0";
+  std::string head_quant = "auto";
   bool no_prefix_cache = false, stats = false;
   std::string cache_namespace;
   int repeat = 1;
@@ -40,6 +41,7 @@ void run_generate(GenerateArgs a) {
   if (!a.kv_budget.empty()) eopt.kv_budget_bytes = parse_bytes(a.kv_budget, "--kv-budget");
   eopt.cold_dir = a.cold_dir;
   eopt.load.weight_budget = parse_weight_budget(a.weight_budget);
+  eopt.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   a.chunks.apply(eopt);
   auto engine = load_engine(dir, a.quiet, eopt);
 
@@ -135,6 +137,7 @@ void add_generate(CLI::App& app) {
   c->add_option("--kv-budget", a->kv_budget, "Bytes of KV memory, e.g. 512MiB (default: the whole context, at most 2GiB)");
   c->add_option("--kv-cold-dir", a->cold_dir, "Spill KV blocks beyond --kv-budget to a file in this directory and page them back when needed");
   c->add_option("--weight-budget", a->weight_budget, kWeightBudgetHelp);
+  c->add_option("--head-quant", a->head_quant, kHeadQuantHelp)->capture_default_str();
   c->add_flag("--no-prefix-cache", a->no_prefix_cache, "Do not reuse cached K/V of earlier requests");
   c->add_option("--cache-namespace", a->cache_namespace, "Tenant: K/V cached under one namespace is never reused by another");
   c->add_option("--repeat", a->repeat, "Run the same request this many times (later runs hit the prefix cache)")->capture_default_str()->check(CLI::PositiveNumber);

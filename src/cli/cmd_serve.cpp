@@ -25,6 +25,7 @@ struct ServeArgs {
   int64_t block_size = 16;
   std::string kv_budget, cold_dir;
   std::string weight_budget = "0";
+  std::string head_quant = "auto";
   ChunkArgs chunks;
   bool quiet = false, log_requests = false;
 };
@@ -63,6 +64,7 @@ void run_serve(const ServeArgs& a) {
   else eopt.kv_budget_bytes = default_kv_budget(dir, a.max_batch, a.block_size);
   eopt.cold_dir = a.cold_dir;
   eopt.load.weight_budget = parse_weight_budget(a.weight_budget);
+  eopt.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   a.chunks.apply(eopt);
   auto engine = load_engine(dir, a.quiet, eopt);
 
@@ -131,6 +133,7 @@ void add_serve(CLI::App& app) {
   c->add_option("--kv-budget", a->kv_budget, "Bytes of KV memory, e.g. 512MiB (default: max-batch whole contexts, at most 2GiB)");
   c->add_option("--kv-cold-dir", a->cold_dir, "Spill KV blocks beyond --kv-budget to a file in this directory");
   c->add_option("--weight-budget", a->weight_budget, kWeightBudgetHelp);
+  c->add_option("--head-quant", a->head_quant, kHeadQuantHelp)->capture_default_str();
   a->chunks.add(c);
   c->add_flag("--log-requests", a->log_requests, "One line per request on stderr");
   c->add_flag("-q,--quiet", a->quiet, "No startup or shutdown messages");

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -154,7 +156,7 @@ Model::Model() = default;
 Model::~Model() = default;
 
 size_t Model::weight_bytes() const {
-  size_t n = matrix_bytes(embed_) + (cfg_.tie_word_embeddings ? 0 : matrix_bytes(lm_head_));
+  size_t n = matrix_bytes(embed_) + (lm_head_.data == embed_.data ? 0 : matrix_bytes(lm_head_));
   n += final_norm_store_.size() * sizeof(float);
   for (const Layer& L : layers_) {
     for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) n += matrix_bytes(*w);
@@ -229,6 +231,11 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
     L.window = c.layer_window[size_t(l)];
     if (opt.progress) opt.progress("layers", size_t(l + 1), size_t(c.n_layers));
   }
+  bool awq = false;  // Q4_Z exists only as repacked AWQ layers
+  for (const Layer& L : m->layers_)
+    for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) awq = awq || w->type == WType::Q4_Z;
+  const void* float_head = m->lm_head_.data;
+  m->quantize_head(opt, awq);
   m->final_norm_ = Weight{nullptr, WType::F32, 1, H};
   m->final_norm_store_ = std::move(fn);
   m->final_norm_.data = m->final_norm_store_.data();
@@ -243,21 +250,86 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
   } else if (opt.prefault) {
     // Streaming: only what stays resident is paged in (the layer matrices are never touched
     // through the mapping, so they cost no memory there).
-    const TensorInfo* res[2] = {f.find("model.embed_tokens.weight"), c.tie_word_embeddings ? nullptr : f.find("lm_head.weight")};
+    const Weight* res[2] = {&m->embed_, m->lm_head_.data == m->embed_.data ? nullptr : &m->lm_head_};
     const size_t total = m->resident_bytes_;
     size_t done = 0;
     volatile uint8_t sink = 0;
-    for (const TensorInfo* r : res) {
+    for (const Weight* r : res) {
       if (!r || !r->data) continue;
       const uint8_t* p = static_cast<const uint8_t*>(r->data);
-      for (size_t i = 0; i < r->nbytes; i += 4096) sink = sink + p[i];
-      done += r->nbytes;
+      const size_t nb = matrix_bytes(*r);
+      for (size_t i = 0; i < nb; i += 4096) sink = sink + p[i];
+      done += nb;
       if (opt.progress) opt.progress("weights", std::min(done, total), total);
     }
     if (opt.progress) opt.progress("weights", total, total);
     (void)sink;
   }
+  // An untied float head that was quantized is never read again: give its memory back (pages
+  // of the mapping drop out of this process, an owned buffer is freed).
+  if (!m->lm_head_store_.empty() && !c.tie_word_embeddings && float_head) {
+    const size_t nb = size_t(c.vocab_size) * size_t(kernels::wtype_row_bytes(wtype_of(*f.find("lm_head.weight")), H));
+    if (m->files_.locate(float_head, nb, nullptr, nullptr)) {
+      const uintptr_t b = (uintptr_t(float_head) + 4095) & ~uintptr_t(4095), e = (uintptr_t(float_head) + nb) & ~uintptr_t(4095);
+      if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+    } else {
+      m->files_.release_owned(float_head);
+    }
+  }
   return m;
+}
+
+HeadQuant parse_head_quant(const std::string& s, const std::string& what) {
+  std::string v = s;
+  for (char& ch : v) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  for (HeadQuant q : {HeadQuant::Auto, HeadQuant::None, HeadQuant::Q8_0, HeadQuant::Q6_K, HeadQuant::Q4_0})
+    if (v == head_quant_name(q)) return q;
+  fail(what, ": \"", s, "\" is not a head quantization (auto, none, q8_0, q6_k, q4_0)");
+}
+
+const char* head_quant_name(HeadQuant q) {
+  switch (q) {
+    case HeadQuant::Auto: return "auto";
+    case HeadQuant::None: return "none";
+    case HeadQuant::Q8_0: return "q8_0";
+    case HeadQuant::Q6_K: return "q6_k";
+    case HeadQuant::Q4_0: return "q4_0";
+  }
+  return "?";
+}
+
+// LoadOptions::head_quant: the [vocab, hidden] head converted row by row (f32 -> blocks) into
+// an owned buffer; embed_ keeps pointing at the stored table.
+void Model::quantize_head(const LoadOptions& opt, bool awq) {
+  HeadQuant q = opt.head_quant;
+  if (q == HeadQuant::Auto) q = awq ? HeadQuant::Q8_0 : HeadQuant::None;
+  if (q == HeadQuant::None || kernels::wtype_is_quantized(lm_head_.type)) return;  // GGUF blocks stay
+  const int64_t V = lm_head_.rows, H = lm_head_.cols;
+  WType wt = q == HeadQuant::Q8_0 ? WType::Q8_0 : q == HeadQuant::Q6_K ? WType::Q6_K : WType::Q4_0;
+  if (wt == WType::Q6_K && H % kernels::wtype_block_elems(wt) != 0) {
+    std::fprintf(stderr, "kvboost: %s: head_quant q6_k needs rows of whole 256-element blocks, hidden_size is %lld: "
+                 "using q8_0 for the output projection\n", dir_.c_str(), (long long)H);
+    wt = WType::Q8_0;
+  }
+  if (H % kernels::wtype_block_elems(wt) != 0) {
+    if (opt.head_quant == HeadQuant::Auto) return;
+    fail(dir_, ": head_quant ", head_quant_name(q), ": hidden_size ", H, " is not a multiple of the ",
+         kernels::wtype_name(wt), " block of ", kernels::wtype_block_elems(wt));
+  }
+  const size_t src_rb = size_t(kernels::wtype_row_bytes(lm_head_.type, H));
+  const size_t rb = size_t(kernels::wtype_row_bytes(wt, H));
+  std::vector<uint8_t> store(size_t(V) * rb);
+  const uint8_t* src = static_cast<const uint8_t*>(lm_head_.data);
+  const WType st = lm_head_.type;
+  parallel_for(V, 1, 64, [&](int64_t b, int64_t e) {
+    std::vector<float> row(static_cast<size_t>(H));
+    for (int64_t r = b; r < e; ++r) {
+      kernels::to_f32(src + size_t(r) * src_rb, st, row.data(), H);
+      kernels::quantize_row(row.data(), wt, store.data() + size_t(r) * rb, H);
+    }
+  });
+  lm_head_store_ = std::move(store);
+  lm_head_ = Weight{lm_head_store_.data(), wt, V, H};
 }
 
 namespace {
@@ -355,8 +427,7 @@ void Model::setup_streaming(const LoadOptions& opt) {
   for (Layer& L : layers_)
     for (Weight* w : layer_mats(L))
       if (!files_.locate(w->data, 1, nullptr, nullptr)) w->data = nullptr;
-  resident_bytes_ = files_.find("model.embed_tokens.weight")->nbytes;
-  if (!c.tie_word_embeddings) resident_bytes_ += files_.find("lm_head.weight")->nbytes;
+  resident_bytes_ = matrix_bytes(embed_) + (lm_head_.data == embed_.data ? 0 : matrix_bytes(lm_head_));
 }
 
 Model::StreamInfo Model::stream_info() const {

@@ -111,6 +111,22 @@ TEST(Cli, BadInputIsAClearErrorNotACrash) {
   EXPECT_NE(r.err.find("context"), std::string::npos) << r.err;
 }
 
+// --head-quant (generate, serve, bench model, bench stream): a bad value names itself and the
+// choices; q8_0 on stories260K keeps the greedy story (tests/model/test_head_quant.cpp).
+TEST(Cli, HeadQuantOption) {
+  Proc r = run("generate --model /nonexistent -p hi --head-quant q3_k");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--head-quant: \"q3_k\" is not a head quantization (auto, none, q8_0, q6_k, q4_0)"),
+            std::string::npos) << r.err;
+  r = run("serve --model /nonexistent --head-quant 8bit");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("\"8bit\""), std::string::npos) << r.err;
+  KVBOOST_REQUIRE_PATH(stories());
+  r = run("generate --model " + stories() + " -p 'Once upon a time' -n 40 --head-quant q8_0");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("Once upon a time, there was a little girl named Lily.", 0), 0u) << r.out;
+}
+
 TEST(Cli, DemoModelWorksOffline) {
   const std::string dir = kvboost::test::make_temp_dir("cli_demo");
   setenv("KVBOOST_DEMO_MODEL", (dir + "/demo").c_str(), 1);
