@@ -86,4 +86,50 @@ inline std::string write(const std::string& dir, const std::string& name, const 
   return p;
 }
 
+// Shape of a random llama GGUF for engine tests.
+struct LlamaShape {
+  int64_t H, I, V, L, nh, nkv, hd;
+};
+
+// Uniform values in [-scale/2, scale/2) from a linear congruential generator (advances seed).
+inline std::vector<float> lcg_values(uint32_t& seed, int64_t n, float scale) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) seed = seed * 1664525u + 1013904223u, x = scale * (float(seed >> 8) / float(1 << 24) - 0.5f);
+  return v;
+}
+
+// Metadata and f32 tensors of a random llama model: token_embd, output_norm, then
+// after_norm(seed) (e.g. writes an output tensor from the same value stream), then every layer.
+template <class F>
+void add_random_llama(Builder& b, const LlamaShape& s, uint32_t seed, F&& after_norm) {
+  b.kv_str("general.architecture", "llama");
+  b.kv_u32("llama.block_count", uint32_t(s.L));
+  b.kv_u32("llama.embedding_length", uint32_t(s.H));
+  b.kv_u32("llama.feed_forward_length", uint32_t(s.I));
+  b.kv_u32("llama.attention.head_count", uint32_t(s.nh));
+  b.kv_u32("llama.attention.head_count_kv", uint32_t(s.nkv));
+  b.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  auto add = [&](const std::string& name, std::vector<int64_t> ne, float scale) {
+    int64_t n = 1;
+    for (int64_t e : ne) n *= e;
+    const auto v = lcg_values(seed, n, scale);
+    b.tensor(name, GgmlType::F32, ne, v.data(), v.size() * 4);
+  };
+  add("token_embd.weight", {s.H, s.V}, 1.0f);
+  add("output_norm.weight", {s.H}, 2.0f);
+  after_norm(seed);
+  for (int64_t l = 0; l < s.L; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add(p + "attn_norm.weight", {s.H}, 2.0f);
+    add(p + "ffn_norm.weight", {s.H}, 2.0f);
+    add(p + "attn_q.weight", {s.H, s.nh * s.hd}, 0.3f);
+    add(p + "attn_k.weight", {s.H, s.nkv * s.hd}, 0.3f);
+    add(p + "attn_v.weight", {s.H, s.nkv * s.hd}, 0.3f);
+    add(p + "attn_output.weight", {s.nh * s.hd, s.H}, 0.3f);
+    add(p + "ffn_gate.weight", {s.H, s.I}, 0.3f);
+    add(p + "ffn_up.weight", {s.H, s.I}, 0.3f);
+    add(p + "ffn_down.weight", {s.I, s.H}, 0.3f);
+  }
+}
+
 }  // namespace kvboost::test

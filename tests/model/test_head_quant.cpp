@@ -246,50 +246,19 @@ TEST(HeadQuant, LayerStreamingKeepsTheQuantizedHeadResident) {
 // quantized like a safetensors one.
 TEST(HeadQuant, GgufQuantizedHeadKeptFloatHeadQuantized) {
   using kernels::GgmlType;
-  const int64_t H = 64, I = 128, V = 96, L = 2, nh = 4, nkv = 2, hd = 16;
+  const int64_t H = 64, V = 96;
   auto build = [&](GgmlType out_type) {
     test::Builder b;
-    b.kv_str("general.architecture", "llama");
-    b.kv_u32("llama.block_count", uint32_t(L));
-    b.kv_u32("llama.embedding_length", uint32_t(H));
-    b.kv_u32("llama.feed_forward_length", uint32_t(I));
-    b.kv_u32("llama.attention.head_count", uint32_t(nh));
-    b.kv_u32("llama.attention.head_count_kv", uint32_t(nkv));
-    b.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    uint32_t seed = 5;
-    auto rnd = [&](int64_t n, float scale) {
-      std::vector<float> v(static_cast<size_t>(n));
-      for (auto& x : v) seed = seed * 1664525u + 1013904223u, x = scale * (float(seed >> 8) / float(1 << 24) - 0.5f);
-      return v;
-    };
-    auto add = [&](const std::string& name, std::vector<int64_t> ne, float scale) {
-      int64_t n = 1;
-      for (int64_t e : ne) n *= e;
-      const auto v = rnd(n, scale);
-      b.tensor(name, GgmlType::F32, ne, v.data(), v.size() * 4);
-    };
-    add("token_embd.weight", {H, V}, 1.0f);
-    add("output_norm.weight", {H}, 2.0f);
-    const auto out = rnd(V * H, 1.0f);
-    if (out_type == GgmlType::F32) {
-      b.tensor("output.weight", GgmlType::F32, {H, V}, out.data(), out.size() * 4);
-    } else {
-      std::vector<uint8_t> q(size_t(V * kernels::wtype_row_bytes(WType::Q8_0, H)));
-      kernels::quantize_row(out.data(), WType::Q8_0, q.data(), V * H);
-      b.tensor("output.weight", GgmlType::Q8_0, {H, V}, q.data(), q.size());
-    }
-    for (int64_t l = 0; l < L; ++l) {
-      const std::string p = "blk." + std::to_string(l) + ".";
-      add(p + "attn_norm.weight", {H}, 2.0f);
-      add(p + "ffn_norm.weight", {H}, 2.0f);
-      add(p + "attn_q.weight", {H, nh * hd}, 0.3f);
-      add(p + "attn_k.weight", {H, nkv * hd}, 0.3f);
-      add(p + "attn_v.weight", {H, nkv * hd}, 0.3f);
-      add(p + "attn_output.weight", {nh * hd, H}, 0.3f);
-      add(p + "ffn_gate.weight", {H, I}, 0.3f);
-      add(p + "ffn_up.weight", {H, I}, 0.3f);
-      add(p + "ffn_down.weight", {I, H}, 0.3f);
-    }
+    test::add_random_llama(b, {H, 128, V, 2, 4, 2, 16}, 5, [&](uint32_t& seed) {
+      const auto out = test::lcg_values(seed, V * H, 1.0f);
+      if (out_type == GgmlType::F32) {
+        b.tensor("output.weight", GgmlType::F32, {H, V}, out.data(), out.size() * 4);
+      } else {
+        std::vector<uint8_t> q(size_t(V * kernels::wtype_row_bytes(WType::Q8_0, H)));
+        kernels::quantize_row(out.data(), WType::Q8_0, q.data(), V * H);
+        b.tensor("output.weight", GgmlType::Q8_0, {H, V}, q.data(), q.size());
+      }
+    });
     const std::string dir = test::make_temp_dir(out_type == GgmlType::F32 ? "head_quant_gguf_f32" : "head_quant_gguf_q8");
     return test::write(dir, "m.gguf", b.finish());
   };

@@ -311,39 +311,7 @@ TEST(StreamedModel, GgufLlamaOwnedTensorsStreamThroughTheScratchFile) {
   using kernels::GgmlType;
   test::Builder b;
   const int64_t H = 64, I = 128, V = 100, L = 4, nh = 4, nkv = 2, hd = 16;
-  b.kv_str("general.architecture", "llama");
-  b.kv_u32("llama.block_count", uint32_t(L));
-  b.kv_u32("llama.embedding_length", uint32_t(H));
-  b.kv_u32("llama.feed_forward_length", uint32_t(I));
-  b.kv_u32("llama.attention.head_count", uint32_t(nh));
-  b.kv_u32("llama.attention.head_count_kv", uint32_t(nkv));
-  b.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  uint32_t seed = 1;
-  auto rnd = [&](int64_t n, float scale) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (auto& x : v) seed = seed * 1664525u + 1013904223u, x = scale * (float(seed >> 8) / float(1 << 24) - 0.5f);
-    return v;
-  };
-  auto add = [&](const std::string& name, std::vector<int64_t> ne, float scale) {
-    int64_t n = 1;
-    for (int64_t e : ne) n *= e;
-    const auto v = rnd(n, scale);
-    b.tensor(name, GgmlType::F32, ne, v.data(), v.size() * 4);
-  };
-  add("token_embd.weight", {H, V}, 1.0f);
-  add("output_norm.weight", {H}, 2.0f);
-  for (int64_t l = 0; l < L; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    add(p + "attn_norm.weight", {H}, 2.0f);
-    add(p + "ffn_norm.weight", {H}, 2.0f);
-    add(p + "attn_q.weight", {H, nh * hd}, 0.3f);
-    add(p + "attn_k.weight", {H, nkv * hd}, 0.3f);
-    add(p + "attn_v.weight", {H, nkv * hd}, 0.3f);
-    add(p + "attn_output.weight", {nh * hd, H}, 0.3f);
-    add(p + "ffn_gate.weight", {H, I}, 0.3f);
-    add(p + "ffn_up.weight", {H, I}, 0.3f);
-    add(p + "ffn_down.weight", {I, H}, 0.3f);
-  }
+  test::add_random_llama(b, {H, I, V, L, nh, nkv, hd}, 1, [](uint32_t&) {});
   const std::string path = test::write(test::make_temp_dir("stream_gguf"), "m.gguf", b.finish());
   auto resident = Model::load(path);
   const std::vector<int32_t> ids{1, 17, 30, 4, 99, 50, 3, 71};
