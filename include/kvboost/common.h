@@ -70,9 +70,14 @@ inline uint16_t f32_to_bf16(float f) {
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);  // round-to-nearest-even, overflow to inf
 
-// CPU features, detected once. KVBOOST_ISA (scalar|avx2|avx512) caps what is used, so tests
-// can run every kernel path on one machine.
-enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+// CPU features, detected once. KVBOOST_ISA (scalar|avx2|avx512|avx512bf16|amx) caps what is
+// used, so tests can run every kernel path on one machine. Each level implies the ones below it:
+//   Avx2       AVX2 + FMA + F16C
+//   Avx512     + AVX512F/BW/VL (f32-FMA kernels; bf16 weights widened by a shift)
+//   Avx512Bf16 + AVX512_BF16 (vdpbf16ps: bf16 activations x bf16 weights, f32 sums)
+//   AmxBf16    + AMX-TILE + AMX-BF16, with the OS granting the tile state (arch_prctl)
+// The bf16 levels round matmul activations to bf16 (kernels.h, pack_layout_for).
+enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2, Avx512Bf16 = 3, AmxBf16 = 4 };
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512bf16 = false, avx512vnni = false;
@@ -81,7 +86,14 @@ struct CpuFeatures {
 const CpuFeatures& cpu_features();
 Isa active_isa();           // the best ISA allowed by the hardware and KVBOOST_ISA
 void set_active_isa(Isa);   // tests: force a path (clamped to what the CPU supports)
-const char* isa_name(Isa);
+const char* isa_name(Isa);   // the KVBOOST_ISA spelling: "scalar", ..., "avx512bf16", "amx"
+// Parses a KVBOOST_ISA / --isa value (also "amx-bf16", "amxbf16", "avx512-bf16"); false if unknown.
+bool parse_isa(std::string_view s, Isa& out);
+// Asks Linux for the AMX tile-data state (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)),
+// which must be granted before the first tile instruction or it faults. The grant is per process;
+// the call is idempotent and cheap after the first (cached per thread), so AMX kernels make it
+// on every thread that runs tiles. False where the kernel refuses (or is older than 5.16).
+bool amx_request_permission();
 
 // Threads: kernels parallelise over a persistent pool of num_threads() - 1 worker threads plus
 // the calling thread (thread_pool.cpp). The default size is OpenMP's (OMP_NUM_THREADS, else the

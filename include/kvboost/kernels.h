@@ -7,6 +7,10 @@
 #include <cstdint>
 #include <memory>
 
+namespace kvboost {
+enum class Isa;  // kvboost/common.h
+}
+
 namespace kvboost::kernels {
 
 // Weight element types as stored in checkpoint files. F32/F16/BF16 are plain elements; the
@@ -47,10 +51,26 @@ void matmul_ref(const float* x, const void* w, WType wt, const float* bias, floa
 // Within a k row: f32 and f16 in feature order; bf16 interleaved (features i and 8 + i in the
 // same 32-bit word) so that a shift and a mask turn a 32-byte load into two f32 vectors.
 // The element type is the source's (no precision is lost; the packed copy is the same size).
+// That is PackLayout::Panel16, read by the AVX2 and AVX-512 (f32 FMA) kernels. BF16 weights
+// packed for Isa::Avx512Bf16 / AmxBf16 take PackLayout::Bf16Pairs instead:
+//   panels of 16 features, [Kp / 2][16][2] bf16 per panel: 64-byte row r holds, for each feature
+//   n of the panel, w[n][2r] (low half of the 32-bit word n) and w[n][2r + 1] (high half) — the
+//   operand of vdpbf16ps, and 16 rows of it (32 k) are exactly an AMX B tile (16 x 64 bytes).
+//   Kp = K rounded up to 32 (one AMX tile of k) and N up to 32 (two panels: the kernels' 32-
+//   feature tiles), the padding zeros.
+// Those kernels round the activations to bf16 (RNE, as f32_to_bf16) and sum in f32, so their
+// result is matmul_packed_ref's on x rounded to bf16, up to f32 summation order; vs the f32
+// reference each output moves by at most 2^-8 * sum_k |x[m,k] * w[n,k]| more.
+enum class PackLayout : uint8_t { Panel16 = 0, Bf16Pairs = 1 };
+const char* pack_layout_name(PackLayout);
+// The layout pack_weight(w, wt, N, K) chooses under `isa`: Bf16Pairs for BF16 weights from
+// Isa::Avx512Bf16 up, Panel16 otherwise.
+PackLayout pack_layout_for(Isa isa, WType wt);
 class PackedWeight {
  public:
   PackedWeight() = default;
   WType wt() const { return wt_; }
+  PackLayout layout() const { return layout_; }
   int64_t n() const { return n_; }        // output features (rows of the source)
   int64_t k() const { return k_; }        // input features
   const void* data() const { return data_.get(); }
@@ -58,25 +78,32 @@ class PackedWeight {
   bool empty() const { return !data_; }
 
  private:
-  friend PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K);
+  friend PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K, PackLayout layout);
   struct Free {
     void operator()(void* p) const;
   };
   std::unique_ptr<uint8_t[], Free> data_;
   size_t bytes_ = 0;
   WType wt_ = WType::F32;
+  PackLayout layout_ = PackLayout::Panel16;
   int64_t n_ = 0, k_ = 0;
 };
 // w: [N, K] of type wt (the nn.Linear layout, as matmul takes it); plain types only (F32,
 // F16, BF16: quantized weights are used in their block layout, Error otherwise). 64-byte
 // aligned result.
 // Parallel over panels; costs about one pass over the weights.
+// The layout is pack_layout_for(active_isa(), wt): pack under the path that will run it.
 PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K);
+// An explicit layout (tests, tools): Bf16Pairs takes BF16 weights only (Error otherwise).
+PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K, PackLayout layout);
 // y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]): matmul over a packed weight, any M (M = 1
 // is decode's GEMV). x: [M, w.k()] f32; bias: [w.n()] or nullptr; y: [M, w.n()] f32.
+// Dispatches on the weight's layout and active_isa(): Bf16Pairs runs the AMX kernel (from 16
+// tokens) or the AVX512-BF16 one, and is an Error under a lower path (repack under that path);
+// Panel16 runs AVX-512 (f32 FMA, from 17 tokens), AVX2, or the scalar reference.
 void matmul_packed(const float* x, const PackedWeight& w, const float* bias, float* y, int64_t M);
-// Scalar reference over the packed layout (double accumulation): checks the layout and the fast
-// versions.
+// Scalar reference over the packed layout, either one (double accumulation, f32 activations):
+// checks the layout and the fast versions.
 void matmul_packed_ref(const float* x, const PackedWeight& w, const float* bias, float* y,
                        int64_t M);
 

@@ -1,5 +1,7 @@
 // CPU feature detection and the one place where the kernel ISA is chosen.
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -47,20 +49,21 @@ CpuFeatures detect() {
 }
 
 Isa hardware_isa(const CpuFeatures& f) {
-  if (f.avx512f && f.avx512bw && f.avx512vl && f.fma && f.f16c) return Isa::Avx512;
-  if (f.avx2 && f.fma && f.f16c) return Isa::Avx2;
-  return Isa::Scalar;
+  if (!(f.avx2 && f.fma && f.f16c)) return Isa::Scalar;
+  if (!(f.avx512f && f.avx512bw && f.avx512vl)) return Isa::Avx2;
+  if (!f.avx512bf16) return Isa::Avx512;
+  // XCR0 bits 17/18 (checked in detect) say the OS supports the tile state; Linux also wants the
+  // process to ask for it, and may refuse.
+  if (!(f.amx_tile && f.amx_bf16) || !amx_request_permission()) return Isa::Avx512Bf16;
+  return Isa::AmxBf16;
 }
 
 Isa initial_isa() {
   Isa hw = hardware_isa(cpu_features());
   const char* env = std::getenv("KVBOOST_ISA");
   if (!env || !*env) return hw;
-  std::string s(env);
-  Isa want = hw;
-  if (s == "scalar") want = Isa::Scalar;
-  else if (s == "avx2") want = Isa::Avx2;
-  else if (s == "avx512") want = Isa::Avx512;
+  Isa want = hw;  // an unknown value leaves the best path on
+  parse_isa(env, want);
   return want < hw ? want : hw;
 }
 
@@ -92,8 +95,27 @@ const char* isa_name(Isa isa) {
     case Isa::Scalar: return "scalar";
     case Isa::Avx2: return "avx2";
     case Isa::Avx512: return "avx512";
+    case Isa::Avx512Bf16: return "avx512bf16";
+    case Isa::AmxBf16: return "amx";
   }
   return "?";
+}
+
+bool parse_isa(std::string_view s, Isa& out) {
+  if (s == "scalar") out = Isa::Scalar;
+  else if (s == "avx2") out = Isa::Avx2;
+  else if (s == "avx512") out = Isa::Avx512;
+  else if (s == "avx512bf16" || s == "avx512-bf16" || s == "avx512_bf16") out = Isa::Avx512Bf16;
+  else if (s == "amx" || s == "amx-bf16" || s == "amxbf16" || s == "amx_bf16") out = Isa::AmxBf16;
+  else return false;
+  return true;
+}
+
+bool amx_request_permission() {
+  // Linux 5.16+: arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18).
+  thread_local int state = -1;  // -1 not asked yet on this thread, 0 refused, 1 granted
+  if (state < 0) state = syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : 0;
+  return state == 1;
 }
 
 }  // namespace kvboost

@@ -7,6 +7,7 @@
 
 #include "cpu/cpu_kernels.h"
 #include "cpu/flash_attention.h"
+#include "cpu/matmul_packed_isa.h"
 #include "kvboost/common.h"
 
 namespace kvboost::kernels {
@@ -51,10 +52,27 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
   matmul_ref(x, w, wt, bias, y, M, N, K);
 }
 
+namespace {
+// AMX from this many tokens (its tiles hold 16 and the tokens are padded to 32; fewer go to
+// vdpbf16ps, same layout). AVX-512 f32 FMA above this many (decode and small batches are
+// bandwidth-bound: the AVX2 GEMV / small-M paths, with their prefetch, read the same layout).
+constexpr int64_t kAmxMinM = 16;
+constexpr int64_t kAvx512MinM = 17;
+}  // namespace
+
 void matmul_packed(const float* x, const PackedWeight& w, const float* bias, float* y, int64_t M) {
   if (M <= 0) return;
   if (w.empty()) fail("matmul_packed: empty PackedWeight");
-  if (active_isa() >= Isa::Avx2) return cpu::matmul_packed_avx2(x, w, bias, y, M);
+  const Isa isa = active_isa();
+  if (w.layout() == PackLayout::Bf16Pairs) {
+    if (isa >= Isa::AmxBf16 && M >= kAmxMinM) return cpu::matmul_packed_amx(x, w, bias, y, M);
+    if (isa >= Isa::Avx512Bf16) return cpu::matmul_packed_avx512bf16(x, w, bias, y, M);
+    fail("matmul_packed: the weight [", w.n(), ", ", w.k(), "] was packed in the Bf16Pairs layout "
+         "(for avx512bf16/amx) but the active path is ", isa_name(isa),
+         ": pack it again under this path (pack_weight)");
+  }
+  if (isa >= Isa::Avx512 && M >= kAvx512MinM) return cpu::matmul_packed_avx512(x, w, bias, y, M);
+  if (isa >= Isa::Avx2) return cpu::matmul_packed_avx2(x, w, bias, y, M);
   matmul_packed_ref(x, w, bias, y, M);
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "cpu/cpu_kernels.h"
+#include "cpu/matmul_packed_isa.h"
 #include "kvboost/common.h"
 
 namespace kvboost::kernels {
@@ -20,9 +21,29 @@ int packed_feature(WType wt, int pos) {
 }  // namespace cpu
 
 PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K) {
+  return pack_weight(w, wt, N, K, pack_layout_for(active_isa(), wt));
+}
+
+PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K, PackLayout layout) {
   if (N <= 0 || K <= 0) fail("pack_weight: empty weight [", N, ", ", K, "]");
   if (wtype_is_quantized(wt))
     fail("pack_weight: ", wtype_name(wt), " weights are not packed (matmul reads the blocks as they are)");
+  if (layout == PackLayout::Bf16Pairs) {  // matmul_packed_pairs.cpp
+    if (wt != WType::BF16)
+      fail("pack_weight: the Bf16Pairs layout takes BF16 weights, not ", wtype_name(wt));
+    const size_t bytes = cpu::pairs_packed_bytes(N, K);
+    void* mem = std::aligned_alloc(64, bytes);
+    if (!mem) fail("pack_weight: cannot allocate ", bytes, " bytes for a [", N, ", ", K, "] weight");
+    PackedWeight pw;
+    pw.data_.reset(static_cast<uint8_t*>(mem));
+    pw.bytes_ = bytes;
+    pw.wt_ = wt;
+    pw.layout_ = layout;
+    pw.n_ = N;
+    pw.k_ = K;
+    cpu::pack_pairs(static_cast<const uint16_t*>(w), N, K, static_cast<uint8_t*>(mem));
+    return pw;
+  }
   const int es = wtype_size(wt);
   const int64_t n_panels = (N + kPackedPanel - 1) / kPackedPanel;
   const size_t panel_bytes = size_t(K) * kPackedPanel * es;
@@ -59,6 +80,7 @@ PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K) {
 
 void matmul_packed_ref(const float* x, const PackedWeight& w, const float* bias, float* y,
                        int64_t M) {
+  if (w.layout() == PackLayout::Bf16Pairs) return cpu::matmul_packed_ref_pairs(x, w, bias, y, M);
   const int64_t N = w.n(), K = w.k();
   const int es = wtype_size(w.wt());
   const uint8_t* base = static_cast<const uint8_t*>(w.data());

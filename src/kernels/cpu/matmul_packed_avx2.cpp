@@ -340,6 +340,9 @@ void matmul_raw_tiles_avx2(const float* x, const void* w, WType wt, const float*
 
 void matmul_packed_avx2(const float* x, const PackedWeight& w, const float* bias, float* y,
                         int64_t M) {
+  if (w.layout() != PackLayout::Panel16)
+    fail("matmul_packed (avx2): the weight is in the ", pack_layout_name(w.layout()),
+         " layout, this kernel reads Panel16");
   switch (w.wt()) {
     case WType::F32: return run<WType::F32>(x, w, bias, y, M);
     case WType::F16: return run<WType::F16>(x, w, bias, y, M);
