@@ -12,7 +12,7 @@
 //   awq_bench --gemv [--runs 5]     # kernels alone at the Qwen2.5-0.5B decode shapes (below)
 //
 // --gemv: the read bandwidth (a 512 MiB sum over all threads) and the decode GEMV (one token)
-// of each matrix shape of a Qwen2.5-0.5B layer in Q4_Z (AWQ) and BF16, and of its head in BF16,
+// of each matrix shape of a Qwen2.5-0.5B layer in Q4_Z128 / Q4_Z (AWQ) and BF16, and of its head in BF16,
 // Q8_0 and Q4_0, each call on another copy of the matrix (>= 256 MiB of copies) so that every
 // call reads from DRAM; GB/s = matrix bytes / time, medians of --runs, and a whole decode
 // token's matrices (24 layers + head) as time and fraction of the read bandwidth.
@@ -121,7 +121,14 @@ double gemv_ms(kernels::WType wt, int64_t N, int64_t K, int runs) {
     uint64_t seed = 7;
     std::vector<float> f(size_t(N * K));
     for (float& x : f) x = (float(splitmix(seed) >> 40) * (1.0f / 8388608.0f) - 1.0f) * 0.05f;
-    if (kernels::wtype_is_quantized(wt)) {
+    if (wt == WType::Q4_Z128) {  // no quantize_row for it: random nibbles, valid headers
+      for (size_t i = 0; i < one; ++i) w[i] = uint8_t(splitmix(seed));
+      for (size_t b = 0; b < one; b += 68) {
+        const uint16_t h = f32_to_f16(0.001f + float(splitmix(seed) >> 40) * (0.01f / 16777216.0f));
+        std::memcpy(w.data() + b, &h, 2);
+        w[b + 2] &= 0x0F, w[b + 3] = 0;
+      }
+    } else if (kernels::wtype_is_quantized(wt)) {
       kernels::quantize_row(f.data(), wt, w.data(), N * K);
     } else {
       for (size_t i = 0; i < f.size(); ++i) {
@@ -172,10 +179,12 @@ void run_gemv(int runs) {
     std::fflush(stdout);
     return std::pair<double, double>(ms * double(s.per_token), mb * double(s.per_token));
   };
-  double tl[2] = {0, 0}, bl[2] = {0, 0};
-  for (int i = 0; i < 2; ++i)
+  // Layers: Q4_Z128 (AWQ groups of 128, as loaded), Q4_Z (other group sizes), BF16.
+  double tl[3] = {0, 0, 0}, bl[3] = {0, 0, 0};
+  const WType lt[3] = {WType::Q4_Z128, WType::Q4_Z, WType::BF16};
+  for (int i = 0; i < 3; ++i)
     for (const Shape& s : layer) {
-      const auto [ms, mb] = row(s, i == 0 ? WType::Q4_Z : WType::BF16);
+      const auto [ms, mb] = row(s, lt[i]);
       tl[i] += ms, bl[i] += mb;
     }
   double th[3], bh[3];
@@ -186,10 +195,16 @@ void run_gemv(int runs) {
   auto total = [&](const char* what, double ms, double mb) {
     std::printf("| %s | %.0f | %.1f | %.1f | %.0f%% | %.1f |\n", what, mb, ms, mb / ms, 100.0 * mb / ms / bw, 1e3 / ms);
   };
-  total("bf16 layers + bf16 head", tl[1] + th[0], bl[1] + bh[0]);
-  total("Q4_Z layers + bf16 head", tl[0] + th[0], bl[0] + bh[0]);
-  total("Q4_Z layers + Q8_0 head", tl[0] + th[1], bl[0] + bh[1]);
-  total("Q4_Z layers + Q4_0 head", tl[0] + th[2], bl[0] + bh[2]);
+  total("bf16 layers + bf16 head", tl[2] + th[0], bl[2] + bh[0]);
+  total("Q4_Z layers (4 bits)", tl[1], bl[1]);
+  total("Q4_Z128 layers (4 bits)", tl[0], bl[0]);
+  const char* lname[2] = {"Q4_Z128", "Q4_Z"};
+  const char* hname[3] = {"bf16", "Q8_0", "Q4_0"};
+  for (int i = 0; i < 2; ++i)
+    for (int h = 0; h < 3; ++h) {
+      const std::string what = std::string(lname[i]) + " layers + " + hname[h] + " head";
+      total(what.c_str(), tl[i] + th[h], bl[i] + bh[h]);
+    }
   std::printf("\n# load average after: %s\n", loadavg().c_str());
 }
 

@@ -19,8 +19,13 @@ namespace kvboost::kernels {
 //   Q4_Z: 20 bytes / 32 elements: f16 d, uint8 z (0..15), uint8 reserved (0), uint8 qs[16]
 //         (low nibbles = elements 0..15, high nibbles = elements 16..31, as Q4_0);
 //         x = d * (q - z). AWQ's int4 groups (zero point per group) converted at load.
+//   Q4_Z128: 68 bytes / 128 elements: f16 d, uint8 z (0..15), uint8 reserved (0), uint8 qs[64]:
+//         byte i (0..31) holds element i (low nibble) and 32 + i (high), byte 32 + i holds
+//         64 + i and 96 + i; x = d * (q - z). AWQ layers with group_size a multiple of 128 (the
+//         usual 128): one header per group instead of Q4_Z's four copies, 4.25 instead of 5 bits
+//         per weight (decode reads 15% fewer bytes); 32-byte loads unpack with one mask/shift.
 enum class WType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, Q4_0 = 4, Q4_K = 5, Q5_K = 6,
-                             Q6_K = 7, Q4_Z = 8, Q5_0 = 9 };
+                             Q6_K = 7, Q4_Z = 8, Q5_0 = 9, Q4_Z128 = 10 };
 const char* wtype_name(WType);  // "F32", "Q4_K", ... (the dtype strings of TensorInfo)
 // Element size in bytes of a plain type (4 or 2). Throws Error for a quantized type, whose
 // elements have no size of their own: use wtype_row_bytes.

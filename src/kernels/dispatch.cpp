@@ -24,6 +24,7 @@ const char* wtype_name(WType t) {
     case WType::Q5_K: return "Q5_K";
     case WType::Q6_K: return "Q6_K";
     case WType::Q4_Z: return "Q4_Z";
+    case WType::Q4_Z128: return "Q4_Z128";
   }
   return "?";
 }

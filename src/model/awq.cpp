@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "kvboost/common.h"
@@ -132,6 +133,27 @@ void repack_q4z(const int32_t* qweight, const int32_t* qzeros, const uint16_t* s
   });
 }
 
+void q4z_to_q4z128(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst) {
+  const int64_t n128 = K / kQ4Z128BlockElems;
+  const size_t src_rb = size_t(K / kQ4ZBlockElems * kQ4ZBlockBytes), dst_rb = size_t(n128 * kQ4Z128BlockBytes);
+  parallel_for(rows, 1, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t b = 0; b < n128; ++b) {
+        const uint8_t* s = src + size_t(r) * src_rb + size_t(4 * b * kQ4ZBlockBytes);
+        uint8_t* d = dst + size_t(r) * dst_rb + size_t(b * kQ4Z128BlockBytes);
+        uint8_t q[128];
+        for (int c = 0; c < 4; ++c) {
+          const uint8_t* blk = s + c * kQ4ZBlockBytes;
+          if (std::memcmp(blk, s, 4) != 0) fail("q4z_to_q4z128: row ", r, " block ", 4 * b + c, " has another (d, z) than its group of 128");
+          for (int j = 0; j < 16; ++j) q[32 * c + j] = blk[4 + j] & 15, q[32 * c + 16 + j] = blk[4 + j] >> 4;
+        }
+        std::memcpy(d, s, 4);  // f16 d, z, reserved
+        for (int h = 0; h < 2; ++h)
+          for (int j = 0; j < 32; ++j) d[4 + 32 * h + j] = uint8_t(q[64 * h + j] | (q[64 * h + 32 + j] << 4));
+      }
+  });
+}
+
 void dequantize_q4z_row_ref(const uint8_t* row, float* dst, int64_t K) {
   for (int64_t b = 0; b < K / kQ4ZBlockElems; ++b) {
     const uint8_t* blk = row + b * kQ4ZBlockBytes;
@@ -238,6 +260,10 @@ void WeightFiles::apply_quantization(const std::string& dir) {
     }
   }
   if (!qc) return;
+  // Groups of 128 inputs (or a multiple) become Q4_Z128 blocks (one header per group, 15% fewer
+  // bytes than Q4_Z); KVBOOST_AWQ_BLOCK=32 keeps Q4_Z (A/B measurements, debugging).
+  const char* block_env = std::getenv("KVBOOST_AWQ_BLOCK");
+  const bool keep_q4z = block_env && std::string(block_env) == "32";
 
   for (const std::string& prefix : prefixes) {
     const TensorInfo qw = tensors_.at(prefix + ".qweight");
@@ -269,16 +295,21 @@ void WeightFiles::apply_quantization(const std::string& dir) {
     if (tensors_.count(wname))
       fail(where, ": has both \"", wname, "\" and an AWQ qweight (which one is the layer?)");
 
-    const size_t nbytes = size_t(out) * size_t(in / awq::kQ4ZBlockElems) * size_t(awq::kQ4ZBlockBytes);
+    const size_t q4z_bytes = size_t(out) * size_t(in / awq::kQ4ZBlockElems) * size_t(awq::kQ4ZBlockBytes);
+    const bool g128 = group % awq::kQ4Z128BlockElems == 0 && !keep_q4z;
+    const size_t nbytes =
+        g128 ? size_t(out) * size_t(in / awq::kQ4Z128BlockElems) * size_t(awq::kQ4Z128BlockBytes) : q4z_bytes;
     auto buf = std::make_shared<std::vector<uint8_t>>(nbytes + 64);
     uint8_t* p = buf->data();
     while (reinterpret_cast<uintptr_t>(p) % 64) ++p;
+    std::vector<uint8_t> q4z(g128 ? q4z_bytes : 0);
     awq::repack_q4z(static_cast<const int32_t*>(qw.data), static_cast<const int32_t*>(qz->data),
-                    static_cast<const uint16_t*>(sc->data), in, out, group, p);
+                    static_cast<const uint16_t*>(sc->data), in, out, group, g128 ? q4z.data() : p);
+    if (g128) awq::q4z_to_q4z128(q4z.data(), out, in, p);
     owned_.push_back(buf);
     TensorInfo ti;
     ti.name = wname;
-    ti.dtype = "Q4_Z";
+    ti.dtype = g128 ? "Q4_Z128" : "Q4_Z";
     ti.shape = {out, in};
     ti.data = p;
     ti.nbytes = nbytes;

@@ -28,6 +28,11 @@ inline constexpr int kOrderMap[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 // (low nibbles = elements 0..15, high nibbles = elements 16..31, as GGUF Q4_0); x = d * (q - z).
 inline constexpr int64_t kQ4ZBlockElems = 32;
 inline constexpr int64_t kQ4ZBlockBytes = 20;
+// Q4_Z128 (kernels.h): 68 bytes per 128 elements: f16 d, uint8 z, uint8 reserved (0), qs[64]
+// (byte i: elements i | 32 + i, byte 32 + i: 64 + i | 96 + i). Layers whose group_size is a
+// multiple of 128 load as Q4_Z128 (unless KVBOOST_AWQ_BLOCK=32), others as Q4_Z.
+inline constexpr int64_t kQ4Z128BlockElems = 128;
+inline constexpr int64_t kQ4Z128BlockBytes = 68;
 
 struct Config {
   int64_t bits = 4;
@@ -54,6 +59,10 @@ bool not_converted(const Config& c, const std::string& prefix);
 // Parallel over output columns.
 void repack_q4z(const int32_t* qweight, const int32_t* qzeros, const uint16_t* scales, int64_t in,
                 int64_t out, int64_t group_size, uint8_t* dst);
+
+// Q4_Z rows [rows, K] whose 4 blocks of each 128 share one (d, z) (group_size a multiple of
+// 128) -> Q4_Z128 rows: the same values, one header per 128. Error when a group's headers differ.
+void q4z_to_q4z128(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst);
 
 // Reference Q4_Z dequantizer: one row of K elements (K a multiple of 32) to f32.
 void dequantize_q4z_row_ref(const uint8_t* row, float* dst, int64_t K);

@@ -36,13 +36,13 @@ struct Model::Layer {
 namespace {
 
 // TensorInfo dtype strings are kernels::wtype_name's: F32, F16, BF16, and the quantized blocks
-// Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K (GGUF) and Q4_Z (AWQ), which the matmul reads as they are.
+// Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K (GGUF) and Q4_Z / Q4_Z128 (AWQ), which the matmul reads as they are.
 WType wtype_of(const TensorInfo& t) {
   for (WType w : {WType::F32, WType::F16, WType::BF16, WType::Q8_0, WType::Q4_0, WType::Q5_0, WType::Q4_K,
-                  WType::Q5_K, WType::Q6_K, WType::Q4_Z})
+                  WType::Q5_K, WType::Q6_K, WType::Q4_Z, WType::Q4_Z128})
     if (t.dtype == kernels::wtype_name(w)) return w;
   fail(t.file, ": tensor \"", t.name, "\" has dtype ", t.dtype,
-       " (supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, Q4_Z)");
+       " (supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, Q4_Z, Q4_Z128)");
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -231,9 +231,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
     L.window = c.layer_window[size_t(l)];
     if (opt.progress) opt.progress("layers", size_t(l + 1), size_t(c.n_layers));
   }
-  bool awq = false;  // Q4_Z exists only as repacked AWQ layers
+  bool awq = false;  // Q4_Z / Q4_Z128 exist only as repacked AWQ layers
   for (const Layer& L : m->layers_)
-    for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) awq = awq || w->type == WType::Q4_Z;
+    for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+      awq = awq || w->type == WType::Q4_Z || w->type == WType::Q4_Z128;
   const void* float_head = m->lm_head_.data;
   m->quantize_head(opt, awq);
   m->final_norm_ = Weight{nullptr, WType::F32, 1, H};

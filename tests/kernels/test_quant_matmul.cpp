@@ -1,4 +1,4 @@
-// matmul over quantized weights (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, Q4_Z) on every ISA path against
+// matmul over quantized weights (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, Q4_Z, Q4_Z128) on every ISA path against
 // matmul_ref (the weight row dequantized exactly, double accumulation), shapes with M = 1
 // (decode GEMV) and M > 1 (token tiles), odd N, K of several blocks, with and without bias.
 //
@@ -29,7 +29,8 @@ using kernel_test::IsaGuard;
 using kernel_test::isas;
 using kernel_test::randv;
 
-const WType kQTypes[] = {WType::Q8_0, WType::Q4_0, WType::Q5_0, WType::Q4_K, WType::Q5_K, WType::Q6_K, WType::Q4_Z};
+const WType kQTypes[] = {WType::Q8_0, WType::Q4_0, WType::Q5_0, WType::Q4_K, WType::Q5_K, WType::Q6_K, WType::Q4_Z,
+                         WType::Q4_Z128};
 
 void put_f16(uint8_t* p, float f) {
   const uint16_t h = f32_to_f16(f);
@@ -83,6 +84,18 @@ void quant_q4_z(const float* x, uint8_t* b) {  // asymmetric: min..max over 16 l
     const int c = d > 0 ? clampi(int(std::lround(x[j + 16] / d)) + z, 0, 15) : z;
     b[4 + j] = uint8_t(a | (c << 4));
   }
+}
+// Q4_Z128: one (d, z) for 128 elements; byte i holds elements i | 32 + i, byte 32 + i 64 + i | 96 + i.
+void quant_q4_z128(const float* x, uint8_t* b) {
+  float lo = x[0], hi = x[0];
+  for (int i = 0; i < 128; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+  const float d = f16r((hi - lo) / 15);
+  const int z = d > 0 ? clampi(int(std::lround(-lo / d)), 0, 15) : 0;
+  put_f16(b, d);
+  b[2] = uint8_t(z), b[3] = 0;
+  auto q = [&](int e) { return d > 0 ? clampi(int(std::lround(x[e] / d)) + z, 0, 15) : z; };
+  for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < 32; ++j) b[4 + 32 * h + j] = uint8_t(q(64 * h + j) | (q(64 * h + 32 + j) << 4));
 }
 // gguf_fixture.py quantize_q4_k (five = Q5_K): per sub-block scale and min, 6-bit each.
 void quant_q45_k(const float* x, uint8_t* b, bool five) {
@@ -163,6 +176,7 @@ std::vector<uint8_t> quantize_rows(const std::vector<float>& w, WType wt, int64_
       case WType::Q4_0: quant_q4_0(x, b); break;
       case WType::Q5_0: quant_q5_0(x, b); break;
       case WType::Q4_Z: quant_q4_z(x, b); break;
+      case WType::Q4_Z128: quant_q4_z128(x, b); break;
       case WType::Q4_K: quant_q45_k(x, b, false); break;
       case WType::Q5_K: quant_q45_k(x, b, true); break;
       case WType::Q6_K: quant_q6_k(x, b); break;
@@ -183,7 +197,7 @@ std::vector<uint8_t> random_blocks(WType wt, int64_t N, int64_t K, uint64_t seed
     uint8_t* p = b.data() + i * bb;
     switch (wt) {
       case WType::Q8_0: case WType::Q4_0: case WType::Q5_0: put_f16(p, u(rng) * 0.05f); break;
-      case WType::Q4_Z: put_f16(p, std::fabs(u(rng)) * 0.05f), p[2] &= 0x0F, p[3] = 0; break;
+      case WType::Q4_Z: case WType::Q4_Z128: put_f16(p, std::fabs(u(rng)) * 0.05f), p[2] &= 0x0F, p[3] = 0; break;
       case WType::Q4_K: case WType::Q5_K: put_f16(p, u(rng) * 0.002f), put_f16(p + 2, u(rng) * 0.002f); break;
       case WType::Q6_K: put_f16(p + 208, u(rng) * 0.001f); break;
       default: break;
@@ -281,6 +295,8 @@ TEST(QuantMatmul, Sizes) {
   EXPECT_EQ(wtype_row_bytes(WType::Q8_0, 64), 68);
   EXPECT_EQ(wtype_row_bytes(WType::Q4_0, 32), 18);
   EXPECT_EQ(wtype_row_bytes(WType::Q4_Z, 64), 40);
+  EXPECT_EQ(wtype_row_bytes(WType::Q4_Z128, 896), 476);
+  EXPECT_THROW(wtype_row_bytes(WType::Q4_Z128, 96), Error);
   EXPECT_EQ(wtype_row_bytes(WType::Q5_0, 640), 440);
   EXPECT_EQ(wtype_row_bytes(WType::Q4_K, 512), 288);
   EXPECT_EQ(wtype_row_bytes(WType::Q5_K, 256), 176);
@@ -295,6 +311,7 @@ TEST(QuantMatmul, Sizes) {
   EXPECT_FALSE(wtype_is_quantized(WType::F16));
   EXPECT_THROW(wtype_row_bytes(WType::Q4_K, 300), Error);
   EXPECT_STREQ(wtype_name(WType::Q4_Z), "Q4_Z");
+  EXPECT_STREQ(wtype_name(WType::Q4_Z128), "Q4_Z128");
   EXPECT_STREQ(wtype_name(WType::Q5_0), "Q5_0");
 }
 
@@ -317,6 +334,26 @@ TEST(QuantMatmul, Q4ZLayout) {
   for (int j = 0; j < 16; ++j) {
     EXPECT_EQ(f[j], 0.5f * float(j - 3));
     EXPECT_EQ(f[16 + j], 0.5f * float(15 - j - 3));
+  }
+}
+
+// Q4_Z128 by hand: d = 0.25, z = 5; byte j (0..31) = element j (low) | 32 + j (high), byte 32 + j
+// = 64 + j | 96 + j.
+TEST(QuantMatmul, Q4Z128Layout) {
+  uint8_t b[68] = {};
+  put_f16(b, 0.25f);
+  b[2] = 5;
+  for (int j = 0; j < 32; ++j) {
+    b[4 + j] = uint8_t((j % 16) | ((15 - j % 16) << 4));
+    b[36 + j] = uint8_t(((j + 3) % 16) | ((j / 2) << 4));
+  }
+  float f[128];
+  to_f32(b, WType::Q4_Z128, f, 128);
+  for (int j = 0; j < 32; ++j) {
+    EXPECT_EQ(f[j], 0.25f * float(j % 16 - 5)) << j;
+    EXPECT_EQ(f[32 + j], 0.25f * float(15 - j % 16 - 5)) << j;
+    EXPECT_EQ(f[64 + j], 0.25f * float((j + 3) % 16 - 5)) << j;
+    EXPECT_EQ(f[96 + j], 0.25f * float(j / 2 - 5)) << j;
   }
 }
 

@@ -212,6 +212,50 @@ TEST(AwqRepack, KernelsReadTheRepackedRowsAsTheReference) {
     }
 }
 
+// Groups of 128 (or a multiple): the Q4_Z rows regrouped into Q4_Z128 hold the same values, and
+// the kernels read them as the AWQ dequantization (to_f32, matmul_ref exactly; matmul within the
+// activation-rounding bound, and close to the Q4_Z matmul of the same weights).
+TEST(AwqRepack, Q4Z128RegroupIsExact) {
+  using kernels::WType;
+  for (auto [in, out, group] : {std::tuple<int64_t, int64_t, int64_t>{256, 40, 128}, {768, 24, 256}, {128, 8, 128}}) {
+    SCOPED_TRACE(std::to_string(in) + "x" + std::to_string(out) + " g" + std::to_string(group));
+    const Layer L = random_layer(in, out, group, uint32_t(in + out));
+    const std::vector<uint8_t> d = repack(L);
+    std::vector<uint8_t> g(size_t(out * kernels::wtype_row_bytes(WType::Q4_Z128, in)), 0xCD);
+    awq::q4z_to_q4z128(d.data(), out, in, g.data());
+    std::vector<float> w(static_cast<size_t>(in * out)), row(static_cast<size_t>(in));
+    awq::dequantize(L.qweight.data(), L.qzeros.data(), L.s.data(), in, out, group, w.data());
+    const int64_t rb = kernels::wtype_row_bytes(WType::Q4_Z128, in);
+    ASSERT_EQ(rb, in / 128 * 68);
+    for (int64_t n = 0; n < out; ++n) {
+      kernels::to_f32(g.data() + n * rb, WType::Q4_Z128, row.data(), in);
+      ASSERT_EQ(0, std::memcmp(row.data(), w.data() + n * in, size_t(in) * 4)) << n;
+    }
+    const int64_t M = 2;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd;
+    std::vector<float> x(static_cast<size_t>(M * in));
+    for (auto& v : x) v = nd(rng);
+    std::vector<float> yq(static_cast<size_t>(M * out)), yf(yq.size()), yz(yq.size()), yg(yq.size());
+    kernels::matmul_ref(x.data(), g.data(), WType::Q4_Z128, nullptr, yq.data(), M, out, in);
+    kernels::matmul_ref(x.data(), w.data(), WType::F32, nullptr, yf.data(), M, out, in);
+    EXPECT_EQ(yq, yf);
+    for (int64_t m : {int64_t(1), M}) {
+      kernels::matmul(x.data(), d.data(), WType::Q4_Z, nullptr, yz.data(), m, out, in);
+      kernels::matmul(x.data(), g.data(), WType::Q4_Z128, nullptr, yg.data(), m, out, in);
+      for (int64_t i = 0; i < m * out; ++i) {
+        // The same integer dots per block of 32; only the f32 summation order differs.
+        EXPECT_NEAR(yg[size_t(i)], yz[size_t(i)], 1e-4 * (1 + std::fabs(yf[size_t(i)]))) << m << " " << i;
+      }
+    }
+  }
+  // A group of 64 (two headers per 128) cannot be regrouped.
+  const Layer L = random_layer(128, 8, 64, 4);
+  const std::vector<uint8_t> d = repack(L);
+  std::vector<uint8_t> g(size_t(8 * 68));
+  EXPECT_THROW(awq::q4z_to_q4z128(d.data(), 8, 128, g.data()), Error);
+}
+
 TEST(AwqRepack, QuantizerIsWithinHalfAStep) {
   const int64_t out = 16, in = 256, group = 64;
   std::mt19937 rng(3);
@@ -382,6 +426,28 @@ TEST(AwqLoader, PresentsQ4ZWeightsAndKeepsUnconvertedLayers) {
   EXPECT_EQ(w.find("model.embed_tokens.weight")->dtype, "F32");
 }
 
+TEST(AwqLoader, Group128LoadsAsQ4Z128) {
+  const std::string dir = test::make_temp_dir("awq_g128");
+  FixtureSpec s = awq_spec();
+  s.arch = "qwen2";
+  s.hidden = 128, s.heads = 4, s.kv_heads = 2, s.head_dim = 32, s.intermediate = 256, s.group_size = 128;
+  write_fixture_model(dir, s);
+  {
+    const WeightFiles w = WeightFiles::open_dir(dir);
+    const TensorInfo* q = w.find("model.layers.1.self_attn.q_proj.weight");
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(q->dtype, "Q4_Z128");
+    EXPECT_EQ(q->shape, (std::vector<int64_t>{128, 128}));
+    EXPECT_EQ(q->nbytes, size_t(128 * 68));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(q->data) % 64, 0u);
+    EXPECT_EQ(w.find("model.layers.0.mlp.down_proj.weight")->dtype, "Q4_Z128");  // in = 256
+  }
+  ::setenv("KVBOOST_AWQ_BLOCK", "32", 1);
+  const WeightFiles w32 = WeightFiles::open_dir(dir);
+  ::unsetenv("KVBOOST_AWQ_BLOCK");
+  EXPECT_EQ(w32.find("model.layers.1.self_attn.q_proj.weight")->dtype, "Q4_Z");
+}
+
 // ---- against the independent numpy dequantization (tools/oracle/awq_oracle.py) ----
 
 namespace {
@@ -408,12 +474,17 @@ TEST(AwqOracle, RepackMatchesNumpyDequantizationBitForBit) {
     for (const auto& [tname, o] : oracle.tensors()) {
       const TensorInfo* t = awq.find(tname);
       ASSERT_NE(t, nullptr) << tname;
-      ASSERT_EQ(t->dtype, "Q4_Z") << tname;
+      ASSERT_TRUE(t->dtype == "Q4_Z" || t->dtype == "Q4_Z128") << tname << " " << t->dtype;
       ASSERT_EQ(t->shape, o.shape) << tname;
       const int64_t N = t->shape[0], K = t->shape[1];
       std::vector<float> w(static_cast<size_t>(N * K));
-      for (int64_t n = 0; n < N; ++n)
-        awq::dequantize_q4z_row_ref(static_cast<const uint8_t*>(t->data) + n * (K / 32) * 20, w.data() + n * K, K);
+      const kernels::WType wt = t->dtype == "Q4_Z" ? kernels::WType::Q4_Z : kernels::WType::Q4_Z128;
+      const int64_t rb = kernels::wtype_row_bytes(wt, K);
+      for (int64_t n = 0; n < N; ++n) {
+        const uint8_t* row = static_cast<const uint8_t*>(t->data) + n * rb;
+        if (wt == kernels::WType::Q4_Z) awq::dequantize_q4z_row_ref(row, w.data() + n * K, K);
+        else kernels::to_f32(row, wt, w.data() + n * K, K);
+      }
       EXPECT_EQ(0, std::memcmp(w.data(), o.data, w.size() * 4)) << tname << " vs numpy";
       const TensorInfo* r = ref.find(tname);
       ASSERT_NE(r, nullptr);
@@ -424,7 +495,7 @@ TEST(AwqOracle, RepackMatchesNumpyDequantizationBitForBit) {
     // Every projection that is not an oracle tensor must have stayed unquantized (down_proj of
     // qwen2_g64 is in modules_to_not_convert).
     for (const auto& [tname, t] : awq.tensors())
-      if (t.dtype == "Q4_Z") {
+      if (t.dtype == "Q4_Z" || t.dtype == "Q4_Z128") {
         EXPECT_NE(oracle.find(tname), nullptr) << tname;
       }
     ++cases;
@@ -435,9 +506,11 @@ TEST(AwqOracle, RepackMatchesNumpyDequantizationBitForBit) {
 // ---- whole models: AWQ vs the f32 model it exactly represents ----
 
 TEST(AwqModel, LogitsAndGreedyMatchTheDequantizedReference) {
-  for (const std::string arch : {"llama", "qwen2", "qwen3"}) {
-    SCOPED_TRACE(arch);
-    const std::string dir = test::make_temp_dir("awq_model_" + arch);
+  // qwen2_g128: groups of 128, loaded as Q4_Z128 (the others are Q4_Z: groups of 32 and 64).
+  for (const std::string name : {"llama", "qwen2", "qwen3", "qwen2_g128"}) {
+    SCOPED_TRACE(name);
+    const std::string arch = name == "qwen2_g128" ? "qwen2" : name;
+    const std::string dir = test::make_temp_dir("awq_model_" + name);
     FixtureSpec s = awq_spec();
     s.arch = arch;
     s.dtype = arch == "llama" ? "f16" : "bf16";
@@ -446,7 +519,11 @@ TEST(AwqModel, LogitsAndGreedyMatchTheDequantizedReference) {
     s.dequant_dir = dir + "/reference";
     s.seed = 21;
     if (arch == "qwen3") s.hidden = 128, s.heads = 4, s.kv_heads = 2, s.head_dim = 32, s.intermediate = 256, s.group_size = 64;
+    if (name == "qwen2_g128")
+      s.hidden = 128, s.heads = 4, s.kv_heads = 2, s.head_dim = 32, s.intermediate = 256, s.group_size = 128;
     write_fixture_model(dir + "/awq", s);
+    EXPECT_EQ(WeightFiles::open_dir(dir + "/awq").find("model.layers.0.mlp.up_proj.weight")->dtype,
+              name == "qwen2_g128" ? "Q4_Z128" : "Q4_Z");
     auto a = Model::load(dir + "/awq");
     auto r = Model::load(dir + "/reference");
     std::mt19937 rng(5);
@@ -461,8 +538,8 @@ TEST(AwqModel, LogitsAndGreedyMatchTheDequantizedReference) {
     const int64_t V = a->config().vocab_size;
     for (size_t t = 0; t < ids.size(); ++t)
       top1 += kernels::argmax(la.data() + t * V, V) == kernels::argmax(lr.data() + t * V, V);
-    std::printf("  %-6s max|awq - dequantized f32| %.3e (max |logit| %.3f), cosine %.6f, top-1 %d/%zu\n",
-                arch.c_str(), diff, scale, cos, top1, ids.size());
+    std::printf("  %-10s max|awq - dequantized f32| %.3e (max |logit| %.3f), cosine %.6f, top-1 %d/%zu\n",
+                name.c_str(), diff, scale, cos, top1, ids.size());
     // The same weights; but the quantized matmul rounds activations to 8 bits per block of 32
     // (kernels.h) and the f32 one does not: close, not equal. Stated tolerance: max |diff| <=
     // 5% of the largest logit, cosine >= 0.999, the same greedy tokens.
@@ -473,13 +550,18 @@ TEST(AwqModel, LogitsAndGreedyMatchTheDequantizedReference) {
 }
 
 TEST(AwqModel, LayerStreamingGivesBitIdenticalLogits) {
-  // The repacked Q4_Z layers are owned buffers, not file ranges: the layer streamer must serve
-  // them too (through its scratch file) and give exactly the resident model's logits.
-  const std::string dir = test::make_temp_dir("awq_stream");
+  // The repacked Q4_Z / Q4_Z128 layers are owned buffers, not file ranges: the layer streamer must
+  // serve them too (through its scratch file) and give exactly the resident model's logits.
+  for (const int64_t group : {32, 128}) {
+  SCOPED_TRACE(group);
+  const std::string dir = test::make_temp_dir("awq_stream_g" + std::to_string(group));
   FixtureSpec s = awq_spec();
   s.layers = 3;
+  if (group == 128) s.hidden = 128, s.heads = 4, s.kv_heads = 2, s.head_dim = 32, s.intermediate = 256, s.group_size = 128;
   write_fixture_model(dir, s);
-  auto resident = Model::load(dir);
+  LoadOptions stored;  // streamed layers keep the stored layout: compare with the same
+  stored.pack_weights = false;
+  auto resident = Model::load(dir, stored);
   const std::vector<int32_t> ids = {1, 17, 200, 4, 99, 250, 3, 42, 8, 128, 77, 5};
   const auto want = all_logits(*resident, ids);
   // The smallest budget the streamer takes (two layer slots): found by trying, so that the test
@@ -499,4 +581,5 @@ TEST(AwqModel, LayerStreamingGivesBitIdenticalLogits) {
   const auto got = all_logits(*m, ids);
   ASSERT_EQ(got.size(), want.size());
   EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+  }
 }

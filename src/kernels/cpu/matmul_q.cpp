@@ -33,7 +33,7 @@ inline float h2f(const uint8_t* p) { return f16_to_f32(uint16_t(p[0] | (uint16_t
 bool wtype_is_quantized(WType t) {
   switch (t) {
     case WType::Q8_0: case WType::Q4_0: case WType::Q5_0: case WType::Q4_K: case WType::Q5_K:
-    case WType::Q6_K: case WType::Q4_Z:
+    case WType::Q6_K: case WType::Q4_Z: case WType::Q4_Z128:
       return true;
     default: return false;
   }
@@ -43,6 +43,7 @@ int64_t wtype_block_elems(WType t) {
   switch (t) {
     case WType::F32: case WType::F16: case WType::BF16: return 1;
     case WType::Q8_0: case WType::Q4_0: case WType::Q5_0: case WType::Q4_Z: return 32;
+    case WType::Q4_Z128: return 128;
     case WType::Q4_K: case WType::Q5_K: case WType::Q6_K: return 256;
   }
   fail("wtype ", int(t), " is not a weight type");
@@ -56,6 +57,7 @@ int64_t wtype_block_bytes(WType t) {
     case WType::Q4_0: return 18;
     case WType::Q5_0: return 22;
     case WType::Q4_Z: return 20;
+    case WType::Q4_Z128: return 68;
     case WType::Q4_K: return 144;
     case WType::Q5_K: return 176;
     case WType::Q6_K: return 210;
@@ -80,6 +82,20 @@ void check_quant_args(WType wt, int64_t K, const char* who) {
 }
 
 void dequantize_wrow_ref(const void* src, WType wt, float* dst, int64_t n) {
+  if (wt == WType::Q4_Z128) {
+    check_quant_args(wt, n, "dequantize Q4_Z128");
+    const uint8_t* b = static_cast<const uint8_t*>(src);
+    for (int64_t i = 0; i < n / 128; ++i, b += 68, dst += 128) {
+      const float d = h2f(b);
+      const int z = b[2];
+      for (int h = 0; h < 2; ++h)  // bytes 32h .. 32h + 31: elements 64h + j and 64h + 32 + j
+        for (int j = 0; j < 32; ++j) {
+          dst[64 * h + j] = d * float(int(b[4 + 32 * h + j] & 0x0F) - z);
+          dst[64 * h + 32 + j] = d * float(int(b[4 + 32 * h + j] >> 4) - z);
+        }
+    }
+    return;
+  }
   if (wt != WType::Q4_Z) return dequantize_row_ref(src, ggml_of(wt), dst, n);
   check_quant_args(wt, n, "dequantize Q4_Z");
   const uint8_t* b = static_cast<const uint8_t*>(src);
@@ -94,7 +110,7 @@ void dequantize_wrow_ref(const void* src, WType wt, float* dst, int64_t n) {
 }
 
 void dequantize_wrow(const void* src, WType wt, float* dst, int64_t n) {
-  if (wt != WType::Q4_Z) return dequantize_row(src, ggml_of(wt), dst, n);
+  if (wt != WType::Q4_Z && wt != WType::Q4_Z128) return dequantize_row(src, ggml_of(wt), dst, n);
   dequantize_wrow_ref(src, wt, dst, n);
 }
 
@@ -163,6 +179,18 @@ void decode_block(WType wt, const uint8_t* b, Decoded& o) {
         o.w[j] = int8_t((qs[j] & 0x0F) - z);
         o.w[j + 16] = int8_t((qs[j] >> 4) - z);
       }
+      return;
+    }
+    case WType::Q4_Z128: {
+      const int z = b[2];
+      o.n_sub = 4;
+      for (int j = 0; j < 4; ++j) o.fsc[j] = h2f(b), o.fmin[j] = 0.0f;
+      for (int i = 0; i < 8; ++i) o.isc[i] = 1;
+      for (int h = 0; h < 2; ++h)
+        for (int j = 0; j < 32; ++j) {
+          o.w[64 * h + j] = int8_t((b[4 + 32 * h + j] & 0x0F) - z);
+          o.w[64 * h + 32 + j] = int8_t((b[4 + 32 * h + j] >> 4) - z);
+        }
       return;
     }
     case WType::Q5_0: {

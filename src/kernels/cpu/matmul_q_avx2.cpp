@@ -1,4 +1,5 @@
-// AVX2 matmul over quantized weights (kernels.h WType Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, Q4_Z).
+// AVX2 matmul over quantized weights (kernels.h WType Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, Q4_Z,
+// Q4_Z128).
 //
 // Activations are quantized once per call to int8 blocks of 32 (quantize_act). A weight block
 // is unpacked in registers to 32 small integers per 32-element sub-block, and each (token, row)
@@ -98,6 +99,12 @@ struct Q<WType::Q4_Z> {
   static void prep(const uint8_t* b, RowState& r) { r.b = b, r.fsc[0] = h2f(b); }
   static __m256i unpack(const RowState& r, int) { return nibbles16(r.b + 4); }
   static constexpr int kQsOffset = 4;
+};
+
+// Q4_Z128 runs in tile_z128 (below); only the block geometry is needed here.
+template <>
+struct Q<WType::Q4_Z128> {
+  static constexpr int kElems = 128, kBytes = 68, kSubs = 4;
 };
 
 template <bool kFive>
@@ -245,6 +252,75 @@ inline void tile_z(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64
   }
 }
 
+// Q4_Z128 tile (same contract as tile below): tile_z's scheme with one (d, z) header per 128
+// elements. The header gather, f16 conversion and the zero-point FMA (against the sum of the
+// four activation blocks' s) are paid once per 128 elements; a row's 64 nibble bytes are two
+// 32-byte loads, each giving two sub-blocks of 32 (mask, shift + mask): the four activation
+// blocks keep their own scales d_x, so each sub-block still has one f32 FMA per row.
+template <int MR, int NR>
+inline void tile_z128(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t n0, const float* bias,
+                      float* y, int64_t N, const uint8_t* pf) {
+  static_assert(NR >= 1 && NR <= 4);
+  constexpr int kB = Q<WType::Q4_Z128>::kBytes;
+  const int64_t nblk = a.K / 128, K = a.K, nb = a.nb;
+  __m256 acc[MR][NR];
+  __m128 zacc[MR];  // lane r: row r's zero-point term
+  for (int t = 0; t < MR; ++t) {
+    zacc[t] = _mm_setzero_ps();
+    for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
+  }
+  const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
+  const __m128i pick_d = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+  const uint8_t* row[NR];
+  for (int r = 0; r < NR; ++r) row[r] = w + size_t(n0 + r) * rb;
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    if (pf)
+      for (int b = 0; b < NR * kB; b += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + blk * NR * kB + b), _MM_HINT_T0);
+    const size_t off = size_t(blk) * kB;
+    __m128i hdr = _mm_cvtsi32_si128(int(load_u32(row[0] + off)));
+    if constexpr (NR > 1) hdr = _mm_insert_epi32(hdr, int(load_u32(row[1] + off)), 1);
+    if constexpr (NR > 2) hdr = _mm_insert_epi32(hdr, int(load_u32(row[2] + off)), 2);
+    if constexpr (NR > 3) hdr = _mm_insert_epi32(hdr, int(load_u32(row[3] + off)), 3);
+    const __m128 dw = _mm_cvtph_ps(_mm_shuffle_epi8(hdr, pick_d));
+    const __m128 dz = _mm_mul_ps(dw, _mm_cvtepi32_ps(_mm_and_si128(_mm_srli_epi32(hdr, 16), _mm_set1_epi32(0xFF))));
+    for (int t = 0; t < MR; ++t) {
+      const float* s = a.s + (m0 + t) * nb + blk * 4;
+      zacc[t] = _mm_fnmadd_ps(dz, _mm_set1_ps((s[0] + s[1]) + (s[2] + s[3])), zacc[t]);
+    }
+    for (int h = 0; h < 2; ++h) {
+      __m256i v[NR];
+      for (int r = 0; r < NR; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[r] + off + 4 + 32 * h));
+      for (int hi = 0; hi < 2; ++hi) {
+        const int j = 2 * h + hi;  // sub-block: elements 32j .. 32j + 31 of the block
+        __m256i wq[NR];
+        for (int r = 0; r < NR; ++r)
+          wq[r] = hi ? _mm256_and_si256(_mm256_srli_epi16(v[r], 4), m4) : _mm256_and_si256(v[r], m4);
+        for (int t = 0; t < MR; ++t) {
+          const int64_t ab = (m0 + t) * nb + blk * 4 + j;
+          const __m256i xq =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (m0 + t) * K + blk * 128 + 32 * j));
+          const __m128 s4 = _mm_mul_ps(dw, _mm_broadcast_ss(a.d + ab));
+          const __m256 ss = _mm256_set_m128(s4, s4);
+          __m256 f[NR];
+          for (int r = 0; r < NR; ++r) f[r] = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], xq), ones));
+          acc[t][0] = _mm256_fmadd_ps(f[0], lane_bcast<0>(ss), acc[t][0]);
+          if constexpr (NR > 1) acc[t][1] = _mm256_fmadd_ps(f[1], lane_bcast<1>(ss), acc[t][1]);
+          if constexpr (NR > 2) acc[t][2] = _mm256_fmadd_ps(f[2], lane_bcast<2>(ss), acc[t][2]);
+          if constexpr (NR > 3) acc[t][3] = _mm256_fmadd_ps(f[3], lane_bcast<3>(ss), acc[t][3]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < MR; ++t) {
+    alignas(16) float zl[4];
+    _mm_store_ps(zl, zacc[t]);
+    for (int r = 0; r < NR; ++r) {
+      const float s = hsum(acc[t][r]) + zl[r];
+      y[(m0 + t) * N + n0 + r] = bias ? s + bias[n0 + r] : s;
+    }
+  }
+}
+
 // y[m0 .. m0 + MR, n0 .. n0 + NR) over all of K. pf: the bytes to prefetch, linearly, while
 // this tile runs (the next row group in decode; nullptr for none).
 template <WType WT, int MR, int NR>
@@ -252,6 +328,8 @@ inline void tile(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t
                  float* y, int64_t N, const uint8_t* pf) {
   if constexpr (WT == WType::Q4_0 || WT == WType::Q4_Z) {
     return tile_z<WT, MR, NR>(a, m0, w, rb, n0, bias, y, N, pf);
+  } else if constexpr (WT == WType::Q4_Z128) {
+    return tile_z128<MR, NR>(a, m0, w, rb, n0, bias, y, N, pf);
   } else {
   using T = Q<WT>;
   const int64_t nblk = a.K / T::kElems, K = a.K, nb = a.nb;
@@ -408,6 +486,7 @@ void matmul_q_avx2(const float* x, const void* w, WType wt, const float* bias, f
     case WType::Q4_0: return run<WType::Q4_0>(x, wb, bias, y, M, N, K);
     case WType::Q5_0: return run<WType::Q5_0>(x, wb, bias, y, M, N, K);
     case WType::Q4_Z: return run<WType::Q4_Z>(x, wb, bias, y, M, N, K);
+    case WType::Q4_Z128: return run<WType::Q4_Z128>(x, wb, bias, y, M, N, K);
     case WType::Q4_K: return run<WType::Q4_K>(x, wb, bias, y, M, N, K);
     case WType::Q5_K: return run<WType::Q5_K>(x, wb, bias, y, M, N, K);
     case WType::Q6_K: return run<WType::Q6_K>(x, wb, bias, y, M, N, K);
