@@ -194,7 +194,7 @@ inline __m256 lane_bcast(__m256 v) {
 // d_x sum x is the activation block's s (QAct). The NR rows' block headers (f16 d, z) are
 // gathered into one vector: one f16 conversion, one multiply by d_x and one zero-point FMA per
 // block serve all NR rows, and each row's scale is a lane broadcast. Against the sign-trick path
-// of tile() this is ~12 instead of ~21 instructions per block and row in decode.
+// of tile_generic this is ~12 instead of ~21 instructions per block and row in decode.
 template <WType WT, int MR, int NR>
 inline void tile_z(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t n0, const float* bias,
                    float* y, int64_t N, const uint8_t* pf) {
@@ -250,6 +250,65 @@ inline void tile_z(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64
       y[(m0 + t) * N + n0 + r] = bias ? s + bias[n0 + r] : s;
     }
   }
+}
+
+// Q8_0 tile (same contract as tile below): tile_generic's sign trick (|w| times x with w's sign; |-128|
+// is 128 as maddubs' unsigned operand), with the NR rows' f16 scales gathered into one vector as
+// tile_z does: one conversion and one multiply by d_x per block serve all rows, where tile_generic
+// converts and broadcasts each row's scale on its own. The output head (Q8_0 by default for AWQ)
+// is ~40% of an AWQ decode token's bytes.
+template <int MR, int NR>
+inline void tile_q8(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t n0, const float* bias,
+                    float* y, int64_t N, const uint8_t* pf) {
+  static_assert(NR >= 1 && NR <= 4);
+  constexpr int kB = Q<WType::Q8_0>::kBytes;
+  const int64_t nblk = a.K / 32, K = a.K, nb = a.nb;
+  __m256 acc[MR][NR];
+  for (int t = 0; t < MR; ++t)
+    for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  const uint8_t* row[NR];
+  for (int r = 0; r < NR; ++r) row[r] = w + size_t(n0 + r) * rb;
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    if (pf)
+      for (int b = 0; b < NR * kB; b += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + blk * NR * kB + b), _MM_HINT_T0);
+    const size_t off = size_t(blk) * kB;
+    uint16_t h0;
+    std::memcpy(&h0, row[0] + off, 2);
+    __m128i hdr = _mm_cvtsi32_si128(h0);
+    for (int r = 1; r < NR; ++r) {
+      uint16_t h;
+      std::memcpy(&h, row[r] + off, 2);
+      switch (r) {
+        case 1: hdr = _mm_insert_epi16(hdr, h, 1); break;
+        case 2: hdr = _mm_insert_epi16(hdr, h, 2); break;
+        default: hdr = _mm_insert_epi16(hdr, h, 3); break;
+      }
+    }
+    const __m128 dw = _mm_cvtph_ps(hdr);
+    __m256i wq[NR], wa[NR];
+    for (int r = 0; r < NR; ++r) {
+      wq[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[r] + off + 2));
+      wa[r] = _mm256_sign_epi8(wq[r], wq[r]);
+    }
+    for (int t = 0; t < MR; ++t) {
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (m0 + t) * K + blk * 32));
+      const __m128 s4 = _mm_mul_ps(dw, _mm_broadcast_ss(a.d + (m0 + t) * nb + blk));
+      const __m256 ss = _mm256_set_m128(s4, s4);
+      __m256 f[NR];
+      for (int r = 0; r < NR; ++r)
+        f[r] = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(xq, wq[r])), ones));
+      acc[t][0] = _mm256_fmadd_ps(f[0], lane_bcast<0>(ss), acc[t][0]);
+      if constexpr (NR > 1) acc[t][1] = _mm256_fmadd_ps(f[1], lane_bcast<1>(ss), acc[t][1]);
+      if constexpr (NR > 2) acc[t][2] = _mm256_fmadd_ps(f[2], lane_bcast<2>(ss), acc[t][2]);
+      if constexpr (NR > 3) acc[t][3] = _mm256_fmadd_ps(f[3], lane_bcast<3>(ss), acc[t][3]);
+    }
+  }
+  for (int t = 0; t < MR; ++t)
+    for (int r = 0; r < NR; ++r) {
+      const float s = hsum(acc[t][r]);
+      y[(m0 + t) * N + n0 + r] = bias ? s + bias[n0 + r] : s;
+    }
 }
 
 // Q4_Z128 tile (same contract as tile below): tile_z's scheme with one (d, z) header per 128
@@ -321,8 +380,14 @@ inline void tile_z128(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, in
   }
 }
 
+// The sign-trick / K-quant tile (Q5_0, Q4_K, Q5_K, Q6_K), below.
+template <WType WT, int MR, int NR>
+inline void tile_generic(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t n0, const float* bias,
+                         float* y, int64_t N, const uint8_t* pf);
+
 // y[m0 .. m0 + MR, n0 .. n0 + NR) over all of K. pf: the bytes to prefetch, linearly, while
 // this tile runs (the next row group in decode; nullptr for none).
+
 template <WType WT, int MR, int NR>
 inline void tile(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t n0, const float* bias,
                  float* y, int64_t N, const uint8_t* pf) {
@@ -330,7 +395,17 @@ inline void tile(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t
     return tile_z<WT, MR, NR>(a, m0, w, rb, n0, bias, y, N, pf);
   } else if constexpr (WT == WType::Q4_Z128) {
     return tile_z128<MR, NR>(a, m0, w, rb, n0, bias, y, N, pf);
+  } else if constexpr (WT == WType::Q8_0) {
+    return tile_q8<MR, NR>(a, m0, w, rb, n0, bias, y, N, pf);
   } else {
+    return tile_generic<WT, MR, NR>(a, m0, w, rb, n0, bias, y, N, pf);
+  }
+}
+
+template <WType WT, int MR, int NR>
+inline void tile_generic(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t n0, const float* bias,
+                 float* y, int64_t N, const uint8_t* pf) {
+  {
   using T = Q<WT>;
   const int64_t nblk = a.K / T::kElems, K = a.K, nb = a.nb;
   __m256 acc[MR][NR];
