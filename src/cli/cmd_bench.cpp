@@ -10,7 +10,7 @@
 //
 // Fractions: decode = bytes of weights read per token / time / read bandwidth (all threads);
 // prefill = FLOPs / time / the active path's peak GEMM GFLOP/s. Times are medians over --runs.
-// KVBOOST_ISA=scalar|avx2|avx512 (or --isa) selects the kernel path, --threads the pool size.
+// KVBOOST_ISA=scalar|avx2|avx512|avx512bf16|amx (or --isa) selects the kernel path, --threads the pool size.
 //
 // More bench subcommands hang off the command add_bench returns (see cli_util.h).
 #include <immintrin.h>
@@ -172,11 +172,11 @@ struct Roofline {
 
 std::vector<Isa> runnable_isas() {
   const Isa saved = active_isa();
-  set_active_isa(Isa::Avx512);
+  set_active_isa(Isa::AmxBf16);
   const Isa hw = active_isa();
   set_active_isa(saved);
   std::vector<Isa> out;
-  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16, Isa::AmxBf16})
     if (i <= hw) out.push_back(i);
   return out;
 }
@@ -189,8 +189,10 @@ Roofline measure_roofline(bool all_isas, bool print) {
   r.bw_all = read_bandwidth_gbs(r.threads, bytes, 5);
   r.fma_peak = fma_peak_gflops(3);
   if (print) {
-    std::printf("## Roofline (%s, %d threads)\n\n", cpu_features().avx512f ? "AVX-512 CPU" : "AVX2 CPU",
-                r.threads);
+    const CpuFeatures& f = cpu_features();
+    std::printf("## Roofline (%s CPU, %d threads)\n\n",
+                f.amx_tile && f.amx_bf16 ? "AMX-BF16" : f.avx512bf16 ? "AVX512-BF16"
+                : f.avx512f ? "AVX-512" : "AVX2", r.threads);
     std::printf("| what | value |\n|---|---|\n");
     std::printf("| read bandwidth, 1 thread | %.1f GB/s |\n", r.bw1);
     std::printf("| read bandwidth, %d threads | %.1f GB/s |\n", r.threads, r.bw_all);
@@ -384,12 +386,14 @@ std::vector<float> path_logits(const Model& m, const std::vector<int32_t>& ids, 
 
 void run_logit_error(const LogitArgs& a) {
   const std::string dir = resolve_model_dir(a.model, true);
+  const Isa saved = active_isa();
+  // Weights packed at load take the layout of the path active then (kernels.h pack_layout_for:
+  // bf16 pairs from avx512bf16 up), which a lower path refuses: each path loads its own copy.
+  set_active_isa(Isa::Scalar);
   auto model = Model::load(dir);
   const Model& m = *model;
   const int64_t V = m.config().vocab_size;
   const std::vector<int32_t> ids = random_ids(m, a.tokens, 7);
-  const Isa saved = active_isa();
-  set_active_isa(Isa::Scalar);
   // Greedy tokens of the reference: the decode steps of every path consume the same ids.
   std::vector<int32_t> forced;
   {
@@ -412,7 +416,8 @@ void run_logit_error(const LogitArgs& a) {
   for (Isa isa : runnable_isas()) {
     if (isa == Isa::Scalar) continue;
     set_active_isa(isa);
-    const std::vector<float> got = path_logits(m, ids, a.greedy, forced);
+    const auto path_model = Model::load(dir);
+    const std::vector<float> got = path_logits(*path_model, ids, a.greedy, forced);
     const int64_t rows = int64_t(ref.size()) / V;
     double max_abs = 0, max_rel = 0, kl_sum = 0;
     int64_t agree = 0;
@@ -452,10 +457,9 @@ void run_logit_error(const LogitArgs& a) {
 void apply_common(int threads, const std::string& isa) {
   if (threads > 0) set_num_threads(threads);
   if (!isa.empty()) {
-    if (isa == "scalar") set_active_isa(Isa::Scalar);
-    else if (isa == "avx2") set_active_isa(Isa::Avx2);
-    else if (isa == "avx512") set_active_isa(Isa::Avx512);
-    else fail("--isa: unknown path '", isa, "' (scalar, avx2, avx512)");
+    Isa want;
+    if (!parse_isa(isa, want)) fail("--isa: unknown path '", isa, "' (scalar, avx2, avx512, avx512bf16, amx)");
+    set_active_isa(want);  // clamped to what the CPU and OS support
   }
 }
 
@@ -472,7 +476,7 @@ CLI::App* add_bench(CLI::App& app) {
   auto common = std::make_shared<Common>();
   auto add_common = [common](CLI::App* c) {
     c->add_option("--threads", common->threads, "Threads (default: all cores)");
-    c->add_option("--isa", common->isa, "Kernel path: scalar, avx2, avx512 (default: KVBOOST_ISA or the best the CPU has)");
+    c->add_option("--isa", common->isa, "Kernel path: scalar, avx2, avx512, avx512bf16, amx (default: KVBOOST_ISA or the best the CPU has; clamped to it)");
   };
 
   CLI::App* roof = bench->add_subcommand("roofline", "Read bandwidth (1 and all threads) and peak GEMM GFLOP/s of each kernel path");
