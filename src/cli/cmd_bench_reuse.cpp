@@ -9,8 +9,10 @@
 // own tokenizer. Quality compares the first generated token's logits with the full prefill's:
 // top-1 agreement, cosine, KL(full || reuse).
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -42,6 +44,69 @@ std::string prose(std::mt19937& rng, int n_words) {
   return s + ".";
 }
 
+// Real text for the prompts: --corpus files read as one stream of words (whitespace folded).
+// Documents, system prompt and chat messages are windows of consecutive words taken in turn
+// (no window repeats until the stream wraps); a RAG question quotes words of one of the request's
+// documents, so the answer depends on text that was reused.
+class Corpus {
+ public:
+  explicit Corpus(const std::string& files) {
+    for (const std::string& f : split(files, ',')) {
+      const std::string text = read_file(f);
+      std::string w;
+      for (char ch : text) {
+        if (std::isspace(static_cast<unsigned char>(ch))) {
+          if (!w.empty()) words_.push_back(std::move(w)), w.clear();
+        } else {
+          w += ch;
+        }
+      }
+      if (!w.empty()) words_.push_back(std::move(w));
+    }
+    if (words_.size() < 1000)
+      fail("--corpus ", files, ": ", words_.size(), " words; at least 1,000 are needed for distinct documents");
+  }
+  bool empty() const { return words_.empty(); }
+  std::string take(int n_words) {
+    std::string s;
+    for (int i = 0; i < n_words; ++i) {
+      s += (i ? " " : "") + words_[next_];
+      next_ = (next_ + 1) % words_.size();
+    }
+    return s;
+  }
+
+ private:
+  static std::vector<std::string> split(const std::string& s, char sep) {
+    std::vector<std::string> out;
+    size_t a = 0;
+    while (a <= s.size()) {
+      const size_t b = std::min(s.find(sep, a), s.size());
+      if (b > a) out.push_back(s.substr(a, b - a));
+      a = b + 1;
+    }
+    return out;
+  }
+  std::vector<std::string> words_;
+  size_t next_ = 0;
+};
+
+// A phrase of n words from the middle of a text (the RAG question's topic).
+std::string quote(const std::string& text, std::mt19937& rng, int n) {
+  std::vector<std::string> w;
+  size_t a = 0;
+  while (a < text.size()) {
+    const size_t b = std::min(text.find(' ', a), text.size());
+    if (b > a) w.push_back(text.substr(a, b - a));
+    a = b + 1;
+  }
+  if (int(w.size()) <= n) return text;
+  const size_t from = std::uniform_int_distribution<size_t>(0, w.size() - size_t(n))(rng);
+  std::string s;
+  for (int i = 0; i < n; ++i) s += (i ? " " : "") + w[from + size_t(i)];
+  return s;
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -70,12 +135,22 @@ const std::vector<Mode> kModes = {{"full prefill", false, ReuseMode::kPrefixOnly
 struct Row {
   std::vector<double> ttft, ratio;
   std::vector<Quality> q;
+  std::vector<double> gap;  // full prefill: logit of the top token minus the runner-up's
 };
+
+double top_gap(const std::vector<float>& l) {
+  float a = -INFINITY, b = -INFINITY;
+  for (float x : l) {
+    if (x > a) b = a, a = x;
+    else if (x > b) b = x;
+  }
+  return double(a) - double(b);
+}
 
 // One prompt in every mode: first-token logits and TTFT. Nothing is stored (store = false), so
 // every mode sees the same cache state.
 void run_modes(Engine& e, const std::vector<int32_t>& ids, const std::vector<int64_t>& segs, std::vector<Row>& rows,
-               size_t n_modes) {
+               size_t n_modes, const ReusePolicy& repair) {
   std::vector<float> ref;
   for (size_t m = 0; m < n_modes; ++m) {
     GenerateOptions o;
@@ -83,6 +158,7 @@ void run_modes(Engine& e, const std::vector<int32_t>& ids, const std::vector<int
     o.ignore_eos = true;
     o.sampling.temperature = 0.0f;
     o.segment_starts = segs;
+    o.reuse = repair;
     o.prefix_cache = kModes[m].cache;
     o.reuse.mode = kModes[m].mode;
     o.reuse.store = false;
@@ -93,6 +169,7 @@ void run_modes(Engine& e, const std::vector<int32_t>& ids, const std::vector<int
     rows[m].ratio.push_back(r.reuse_ratio());
     if (m == 0) ref = got;
     rows[m].q.push_back(compare(ref, got));
+    rows[m].gap.push_back(top_gap(ref));
   }
 }
 
@@ -106,6 +183,17 @@ void print_rows(const char* scenario, const std::vector<Row>& rows, size_t n_mod
                 median(rows[m].ttft), base / std::max(1e-9, median(rows[m].ttft)), 100.0 * median(rows[m].ratio),
                 100.0 * q.top1 / n, q.cosine / n, q.kl / n);
   }
+  // How close the full prefill's first token was to a tie, and where the reuse modes disagreed:
+  // a disagreement at a gap of 0.05 is a near-tie flipped, one at 2.0 is a real error.
+  std::printf("\n%s: full prefill's top-1 lead over the runner-up (logits): median %.3f, min %.3f", scenario,
+              median(rows[0].gap), rows[0].gap.empty() ? 0.0 : *std::min_element(rows[0].gap.begin(), rows[0].gap.end()));
+  for (size_t m = 1; m < n_modes; ++m) {
+    std::string where;
+    for (size_t i = 0; i < rows[m].q.size(); ++i)
+      if (rows[m].q[i].top1 == 0) where += (where.empty() ? "" : ", ") + std::to_string(rows[m].gap[i]).substr(0, 5);
+    if (!where.empty()) std::printf("; %s disagreed at leads %s", kModes[m].name.c_str(), where.c_str());
+  }
+  std::printf("\n\n");
   std::fflush(stdout);
 }
 
@@ -116,6 +204,8 @@ struct Args {
   int chat_words = 0;  // words per chat user message (0: doc_words / 5)
   double chat_sys = 0.25;  // share of the coding system prompt that opens the chat
   std::string quant = "f32";
+  std::string corpus;  // files of real text (comma-separated); empty: generated prose
+  ReusePolicy repair;  // repair parameters (the mode is set per row)
   uint64_t seed = 1;
 };
 
@@ -136,23 +226,31 @@ void run_bench(const Args& a) {
   auto e = Engine::load(dir, eo);
   const Tokenizer& tok = e->tokenizer();
   std::mt19937 rng(uint32_t(a.seed));
-  std::printf("model %s, chunk %d tokens, stored K/V %s, medians of %d runs\n\n", e->model().dir().c_str(), a.chunk,
+  std::printf("model %s, chunk %d tokens, stored K/V %s, medians of %d runs\n", e->model().dir().c_str(), a.chunk,
               a.quant.c_str(), a.runs);
+  std::printf("repair: selective first %lld tokens of each run (+%lld before), cacheblend %.0f%% by layer %lld deviation; text: %s\n\n",
+              (long long)a.repair.repair_tokens, (long long)a.repair.overlap_tokens, 100.0 * a.repair.blend_ratio,
+              (long long)a.repair.blend_check_layer, a.corpus.empty() ? "generated prose" : a.corpus.c_str());
   std::printf("| scenario | mode | TTFT ms | vs full | reuse ratio | top-1 agree | logit cosine | KL |\n|---|---|---|---|---|---|---|---|\n");
   auto has = [&](const char* s) { return a.scenarios.find(s) != std::string::npos; };
-  const std::string sys = "You are a helpful assistant. " + prose(rng, a.sys_words);
+  std::optional<Corpus> corpus;
+  if (!a.corpus.empty()) corpus.emplace(a.corpus);
+  auto text = [&](int n_words) { return corpus ? corpus->take(n_words) : prose(rng, n_words); };
+  const std::string sys = "You are a helpful assistant. " + text(a.sys_words);
 
   if (has("coding")) {  // 1: long system prompt + different questions
     std::vector<Row> rows(2);
-    std::vector<int32_t> warm = tok.encode(sys + "\nQuestion: " + prose(rng, 20), true);
+    std::vector<int32_t> warm = tok.encode(sys + "\nQuestion: " + text(20), true);
     e->warm(warm);
-    for (int i = 0; i < a.runs; ++i) run_modes(*e, tok.encode(sys + "\nQuestion: " + prose(rng, 25), true), {}, rows, 2);
+    for (int i = 0; i < a.runs; ++i) run_modes(*e, tok.encode(sys + "\nQuestion: " + text(25), true), {}, rows, 2, a.repair);
     print_rows("coding", rows, 2);
   }
   if (has("rag")) {  // 2: documents in random order from a pool
     std::vector<std::vector<int32_t>> pool;
     const std::vector<int32_t> sys_ids = tok.encode(sys.substr(0, sys.size() / 8), true);
-    for (int d = 0; d < a.pool; ++d) pool.push_back(tok.encode("\nDocument: " + prose(rng, a.doc_words), false));
+    std::vector<std::string> docs;
+    for (int d = 0; d < a.pool; ++d) docs.push_back(text(a.doc_words));
+    for (int d = 0; d < a.pool; ++d) pool.push_back(tok.encode("\nDocument: " + docs[size_t(d)], false));
     for (int d = 0; d < a.pool; ++d) {  // each document computed once, after the system prompt
       std::vector<int32_t> ids = sys_ids;
       ids.insert(ids.end(), pool[size_t(d)].begin(), pool[size_t(d)].end());
@@ -170,10 +268,17 @@ void run_bench(const Args& a) {
         ids.insert(ids.end(), pool[size_t(order[size_t(k)])].begin(), pool[size_t(order[size_t(k)])].end());
       }
       segs.push_back(int64_t(ids.size()));
-      const auto q = tok.encode("\nQuestion: " + prose(rng, 15) + "\nAnswer:", false);
+      // Generated prose: a random question. Real text: a question about a phrase of one of the
+      // request's documents.
+      const std::string question =
+          corpus ? "What does the text say about \"" +
+                       quote(docs[size_t(order[size_t(std::uniform_int_distribution<int>(0, a.docs - 1)(rng))])], rng, 6) +
+                       "\"?"
+                 : prose(rng, 15);
+      const auto q = tok.encode("\nQuestion: " + question + "\nAnswer:", false);
       ids.insert(ids.end(), q.begin(), q.end());
       if (i == 0) std::fprintf(stderr, "rag prompt: %zu tokens\n", ids.size());
-      run_modes(*e, ids, segs, rows, kModes.size());
+      run_modes(*e, ids, segs, rows, kModes.size(), a.repair);
     }
     print_rows("rag", rows, kModes.size());
   }
@@ -186,7 +291,7 @@ void run_bench(const Args& a) {
                 "|---|---|---|---|---|---|---|---|\n");
     size_t seen = 0;  // tokens of the previous turn's prompt + answer
     for (int t = 1; t <= 8; ++t) {
-      hist += "\nUser: " + prose(rng, a.chat_words > 0 ? a.chat_words : std::max(8, a.doc_words / 5)) + "\nAssistant:";
+      hist += "\nUser: " + text(a.chat_words > 0 ? a.chat_words : std::max(8, a.doc_words / 5)) + "\nAssistant:";
       const auto ids = tok.encode(hist, true);
       if (int64_t(ids.size()) + 33 >= e->context_length()) break;  // the model's context is full
       GenerateOptions o;
@@ -233,6 +338,21 @@ void add_bench_reuse(CLI::App* bench) {
   c->add_option("--chunk", a->chunk, "Chunk size in tokens")->capture_default_str();
   c->add_option("--seed", a->seed, "Text generator seed")->capture_default_str();
   c->add_option("--kv-quant", a->quant, "Stored chunk K/V: f32 | int8 | int4")->capture_default_str();
+  c->add_option("--repair-tokens", a->repair.repair_tokens, "selective: tokens recomputed at the start of each reused run")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--overlap", a->repair.overlap_tokens, "selective: also recompute this many tokens before each run")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--blend-ratio", a->repair.blend_ratio, "cacheblend: fraction of reused tokens recomputed")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  c->add_option("--check-layer", a->repair.blend_check_layer, "cacheblend: layer whose K/V deviation selects the tokens")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--corpus", a->corpus,
+                "Real text for the prompts: comma-separated text files (e.g. /usr/share/common-licenses/GPL-3); "
+                "default: generated prose");
   c->callback([a]() { run_bench(*a); });
 }
 

@@ -207,3 +207,29 @@ TEST(Cli, GgufFileRunsWithTokenizerBesideIt) {
   EXPECT_EQ(a.out, b.out);
   EXPECT_EQ(a.out, c.out);
 }
+
+// bench reuse --corpus: prompts from real text files; the RAG rows come out, the repair settings
+// are echoed, and a file too short for distinct documents is refused by name.
+TEST(Cli, BenchReuseReadsACorpus) {
+  KVBOOST_REQUIRE_PATH(stories());
+  const std::string dir = kvboost::test::make_temp_dir("cli_corpus");
+  {
+    std::ofstream f(dir + "/text.txt");
+    for (int i = 0; i < 300; ++i) f << "Once upon a time the little dog\nplayed in the garden. ";
+  }
+  { std::ofstream(dir + "/short.txt") << "too few words here"; }
+  Proc r = run("bench reuse --model " + stories() + " --scenarios rag --runs 2 --docs 2 --pool 3 --doc-words 20 " +
+               "--sys-words 30 --chunk 32 --repair-tokens 8 --blend-ratio 0.25 --check-layer 2 --corpus " + dir +
+               "/text.txt");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("selective first 8 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cacheblend 25% by layer 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| rag | cacheblend |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("text.txt"), std::string::npos) << r.out;
+  r = run("bench reuse --model " + stories() + " --scenarios rag --runs 1 --corpus " + dir + "/short.txt");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("short.txt: 4 words"), std::string::npos) << r.err;
+  r = run("bench reuse --model " + stories() + " --scenarios rag --runs 1 --corpus " + dir + "/missing.txt");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("missing.txt"), std::string::npos) << r.err;
+}
