@@ -111,6 +111,10 @@ void matmul_packed(const float* x, const PackedWeight& w, const float* bias, flo
 // checks the layout and the fast versions.
 void matmul_packed_ref(const float* x, const PackedWeight& w, const float* bias, float* y,
                        int64_t M);
+// Row n of the source weight (w[n, 0..K) as pack_weight saw it) as f32: out [w.k()]. Exact
+// (the packed elements are the source's). For a tied embedding table that is only kept packed:
+// the lookup gathers one element per 16-feature k row (strided reads; cheap next to a matmul).
+void packed_row(const PackedWeight& w, int64_t n, float* out);
 
 // Row-wise RMSNorm: y = x / sqrt(mean(x^2) + eps) * w.   x, y: [n_rows, dim]; w: [dim].
 // x == y is allowed. Large inputs (prefill) are split by rows over the thread pool.

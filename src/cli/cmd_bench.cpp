@@ -226,6 +226,7 @@ struct ModelArgs {
   bool no_reuse = false;
   std::string weight_budget = "0";
   std::string head_quant = "auto";
+  bool no_pack = false;
 };
 
 // Matmul parameter counts of one forward token (weights read by decode).
@@ -286,6 +287,7 @@ void run_model(const ModelArgs& a) {
   EngineOptions eo;
   eo.load.weight_budget = parse_weight_budget(a.weight_budget);
   eo.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
+  eo.load.pack_weights = !a.no_pack;
   auto engine = load_engine(dir, false, eo);
   const Model& m = engine->model();
   const ModelConfig& c = m.config();
@@ -295,9 +297,10 @@ void run_model(const ModelArgs& a) {
   std::printf("## %s (%s, %lld layers, hidden %lld, %s head, %.0f MB of weights read per decoded token)\n\n",
               dir.c_str(), c.model_type.c_str(), (long long)c.n_layers, (long long)c.hidden_size,
               kernels::wtype_name(m.lm_head().type), decode_bytes / 1e6);
-  std::printf("path %s, %d threads; roofline: read bandwidth %.1f GB/s, GEMM peak %.1f GFLOP/s; "
+  std::printf("path %s, %d threads, weights %s; roofline: read bandwidth %.1f GB/s, GEMM peak %.1f GFLOP/s; "
               "medians of %d runs\n\n",
-              isa_name(active_isa()), num_threads(), rl.bw_all, rl.gemm_peak, a.runs);
+              isa_name(active_isa()), num_threads(), m.n_packed() ? "packed at load" : "as stored", rl.bw_all,
+              rl.gemm_peak, a.runs);
   std::printf("| what | tokens/s | time | fraction of roofline |\n|---|---|---|---|\n");
   std::fflush(stdout);
   uint64_t seed = 100;
@@ -497,6 +500,7 @@ CLI::App* add_bench(CLI::App& app) {
   model->add_flag("--no-reuse", ma->no_reuse, "Skip the 50-after-1,550-cached prefill");
   model->add_option("--weight-budget", ma->weight_budget, kWeightBudgetHelp);
   model->add_option("--head-quant", ma->head_quant, kHeadQuantHelp)->capture_default_str();
+  model->add_flag("--no-pack", ma->no_pack, "Keep the matrices in the stored layout (LoadOptions::pack_weights off)");
   model->callback([common, ma] {
     apply_common(common->threads, common->isa);
     run_model(*ma);

@@ -23,6 +23,7 @@ struct BatchArgs {
   std::string model;
   std::string batches = "1,2,4,8";
   int new_tokens = 32, runs = 3, prompt_words = 12;
+  bool no_pack = false;
 };
 
 struct Sample {
@@ -77,9 +78,11 @@ void run_batch(const BatchArgs& a) {
   if (bs.empty()) fail("--batches: no batch sizes");
   EngineOptions eo;
   eo.max_batch = *std::max_element(bs.begin(), bs.end());
+  eo.load.pack_weights = !a.no_pack;
   auto e = load_engine(resolve_model_dir(a.model, false), true, eo);
-  std::printf("model %s, %d new tokens per request, greedy, decode steps only, medians of %d runs, %d threads\n\n",
-              e->model().dir().c_str(), a.new_tokens, a.runs, num_threads());
+  std::printf("model %s, %d new tokens per request, greedy, decode steps only, medians of %d runs, %d threads, weights %s\n\n",
+              e->model().dir().c_str(), a.new_tokens, a.runs, num_threads(),
+              e->model().n_packed() ? "packed at load" : "as stored");
   std::printf("| batch | decode tok/s (aggregate) | per stream tok/s | vs batch 1 | step ms | forward ms | engine ms |\n"
               "|---|---|---|---|---|---|---|\n");
   run_once(*e, 1, a, 99);  // warm-up: page in the weights, grow the buffers
@@ -110,6 +113,7 @@ void add_bench_batch(CLI::App* bench) {
   c->add_option("-n,--new-tokens", a->new_tokens, "Tokens generated per request")->capture_default_str();
   c->add_option("--runs", a->runs, "Runs per batch size (median)")->capture_default_str();
   c->add_option("--prompt-words", a->prompt_words, "Words per prompt")->capture_default_str();
+  c->add_flag("--no-pack", a->no_pack, "Keep the matrices in the stored layout (LoadOptions::pack_weights off)");
   c->callback([a] { run_batch(*a); });
 }
 

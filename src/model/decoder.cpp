@@ -76,6 +76,22 @@ Weight matrix(const WeightFiles& f, const std::string& dir, const std::string& n
 // By shape and type: streamed layers (data bound per pass) count the same as resident ones.
 size_t matrix_bytes(const Weight& w) { return size_t(w.rows) * size_t(kernels::wtype_row_bytes(w.type, w.cols)); }
 
+// The matrices a layer streams, in the order the streamer is given them.
+constexpr int kLayerMats = 7;
+const char* const kMatNames[kLayerMats] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                           "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                                           "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+                                           "mlp.down_proj.weight"};
+std::array<Weight*, kLayerMats> layer_mats(Model::Layer& L) {
+  return {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down};
+}
+
+// y [M, w.rows] = x [M, w.cols] · wᵀ (+ bias [w.rows]), in whichever layout the weight is held.
+inline void linear(const float* x, const Weight& w, const float* bias, float* y, int64_t M) {
+  if (w.packed) kernels::matmul_packed(x, *w.packed, bias, y, M);
+  else kernels::matmul(x, w.data, w.type, bias, y, M, w.rows, w.cols);
+}
+
 std::vector<float> vec(const WeightFiles& f, const std::string& dir, const std::string& name, int64_t n) {
   const TensorInfo& t = require(f, dir, name, {n});
   std::vector<float> out(static_cast<size_t>(n));
@@ -244,19 +260,29 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
   if (c.rope_local_theta > 0 && c.rope_local_theta != c.rope_theta)
     m->inv_freq_local_ = compute_inv_freq(c, c.rope_local_theta);
   if (opt.weight_budget > 0) m->setup_streaming(opt);
-  if (opt.prefault && !m->stream_) {
+  // Packed copies replace the stored matrices (their pages are dropped as each is packed).
+  const size_t packed_bytes = m->stream_ ? 0 : m->pack_weights(opt);
+  if (opt.prefault && !m->stream_ && packed_bytes == 0) {
     f.prefault([&](size_t done, size_t total) {
       if (opt.progress) opt.progress("weights", done, total);
     });
   } else if (opt.prefault) {
     // Streaming: only what stays resident is paged in (the layer matrices are never touched
-    // through the mapping, so they cost no memory there).
-    const Weight* res[2] = {&m->embed_, m->lm_head_.data == m->embed_.data ? nullptr : &m->lm_head_};
-    const size_t total = m->resident_bytes_;
+    // through the mapping, so they cost no memory there). Packed: the packed copies are
+    // resident already; what is still read in the stored layout (an embedding table beside a
+    // packed or quantized head, quantized matrices) is paged in.
+    std::vector<const Weight*> res = {&m->embed_};
+    if (m->lm_head_.data != m->embed_.data) res.push_back(&m->lm_head_);
+    if (!m->stream_)
+      for (Layer& L : m->layers_)
+        for (const Weight* w : layer_mats(L)) res.push_back(w);
+    size_t total = 0;
+    for (const Weight* r : res)
+      if (r->data && !r->packed) total += matrix_bytes(*r);
     size_t done = 0;
     volatile uint8_t sink = 0;
     for (const Weight* r : res) {
-      if (!r || !r->data) continue;
+      if (!r || !r->data || r->packed) continue;
       const uint8_t* p = static_cast<const uint8_t*>(r->data);
       const size_t nb = matrix_bytes(*r);
       for (size_t i = 0; i < nb; i += 4096) sink = sink + p[i];
@@ -333,19 +359,43 @@ void Model::quantize_head(const LoadOptions& opt, bool awq) {
   lm_head_ = Weight{lm_head_store_.data(), wt, V, H};
 }
 
-namespace {
-
-// The matrices a layer streams, in the order the streamer is given them.
-constexpr int kLayerMats = 7;
-const char* const kMatNames[kLayerMats] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                                           "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                                           "mlp.gate_proj.weight",    "mlp.up_proj.weight",
-                                           "mlp.down_proj.weight"};
-std::array<Weight*, kLayerMats> layer_mats(Model::Layer& L) {
-  return {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down};
+// LoadOptions::pack_weights: each plain matrix into PackedWeight panels, the stored copy
+// dropped right after (mapped pages MADV_DONTNEED, owned buffers freed). The head goes first:
+// peak memory is then about the packed total plus one layer matrix (the largest, the head,
+// is packed while nothing else is resident yet), not plus the head. A tied table is packed
+// once and serves both the head and the embedding lookup (kernels::packed_row).
+size_t Model::pack_weights(const LoadOptions& opt) {
+  if (!opt.pack_weights) return 0;
+  if (const char* e = std::getenv("KVBOOST_PACK_WEIGHTS"); e && std::string(e) == "0") return 0;
+  const bool tied = lm_head_.data == embed_.data;
+  std::vector<Weight*> todo = {&lm_head_};
+  for (Layer& L : layers_)
+    for (Weight* w : layer_mats(L)) todo.push_back(w);
+  size_t total = 0, done = 0;
+  for (const Weight* w : todo)
+    if (w->data && !kernels::wtype_is_quantized(w->type)) total += matrix_bytes(*w);
+  for (Weight* w : todo) {
+    if (!w->data || kernels::wtype_is_quantized(w->type)) continue;
+    const void* raw = w->data;
+    const size_t nb = matrix_bytes(*w);
+    auto pw = std::make_unique<kernels::PackedWeight>(kernels::pack_weight(raw, w->type, w->rows, w->cols));
+    w->data = pw->data();
+    w->packed = pw.get();
+    packed_.push_back(std::move(pw));
+    if (w == &lm_head_ && tied) embed_ = lm_head_;
+    if (files_.locate(raw, nb, nullptr, nullptr)) {
+      // Whole pages inside the tensor only (the edge pages may hold a neighbour's bytes).
+      const uintptr_t b = (uintptr_t(raw) + 4095) & ~uintptr_t(4095), e = (uintptr_t(raw) + nb) & ~uintptr_t(4095);
+      if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+    } else {
+      files_.release_owned(raw);
+    }
+    done += nb;
+    if (opt.progress) opt.progress("packing", done, total);
+  }
+  return done;
 }
 
-}  // namespace
 
 // Plans what each layer streams and from where. Matrices inside a mapped weight file are read
 // from that file; matrices that live in owned buffers (re-laid-out at load: GGUF Q/K rows
@@ -577,9 +627,9 @@ void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void*
   if (w.pending) kernels::add_rms_norm(w.x.data(), w.h.data(), L.attn_norm.data(), w.h.data(), n, H, eps);
   else kernels::rms_norm(w.x.data(), L.attn_norm.data(), w.h.data(), n, H, eps);
   w.pending = false;
-  if (!kv_only) kernels::matmul(w.h.data(), wq.data, wq.type, bias(L.q_bias), w.q.data(), n, nq, H);
-  kernels::matmul(w.h.data(), wk.data, wk.type, bias(L.k_bias), w.k.data(), n, nkv, H);
-  kernels::matmul(w.h.data(), wv.data, wv.type, bias(L.v_bias), w.v.data(), n, nkv, H);
+  if (!kv_only) linear(w.h.data(), wq, bias(L.q_bias), w.q.data(), n);
+  linear(w.h.data(), wk, bias(L.k_bias), w.k.data(), n);
+  linear(w.h.data(), wv, bias(L.v_bias), w.v.data(), n);
   if (c.qk_norm) {
     if (!kv_only) kernels::rms_norm(w.q.data(), L.q_norm.data(), w.q.data(), n * c.n_heads, hd, eps);
     kernels::rms_norm(w.k.data(), L.k_norm.data(), w.k.data(), n * c.n_kv_heads, hd, eps);
@@ -628,18 +678,18 @@ void Model::run_layer(int64_t l, const SeqBatch* seqs, const void* rows_p, void*
       kernels::attention_merge(att, lse, part, lse_part, r.n * c.n_heads, hd);
     }
   }
-  kernels::matmul(w.att.data(), wo.data, wo.type, bias(L.o_bias), w.h.data(), n, H, nq);
+  linear(w.att.data(), wo, bias(L.o_bias), w.h.data(), n);
   // Gemma 3 (llama.cpp gemma3.cpp): attn_post_norm on the attention output before the
   // residual add, ffn_post_norm on the MLP output before its add.
   if (c.sandwich_norms) kernels::rms_norm(w.h.data(), L.post_attn_norm.data(), w.h.data(), n, H, eps);
   kernels::add_rms_norm(w.x.data(), w.h.data(), L.mlp_norm.data(), w.h.data(), n, H, eps);  // x += attn; h = norm(x)
-  kernels::matmul(w.h.data(), w_gate.data, w_gate.type, nullptr, w.gate.data(), n, I, H);
-  kernels::matmul(w.h.data(), w_up.data, w_up.type, nullptr, w.up.data(), n, I, H);
+  linear(w.h.data(), w_gate, nullptr, w.gate.data(), n);
+  linear(w.h.data(), w_up, nullptr, w.up.data(), n);
   if (c.hidden_act == "gelu_pytorch_tanh")
     kernels::gelu_tanh_mul(w.gate.data(), w.up.data(), w.gate.data(), n * I);
   else
     kernels::silu_mul(w.gate.data(), w.up.data(), w.gate.data(), n * I);
-  kernels::matmul(w.gate.data(), w_down.data, w_down.type, nullptr, w.h.data(), n, H, I);
+  linear(w.gate.data(), w_down, nullptr, w.h.data(), n);
   if (c.sandwich_norms) kernels::rms_norm(w.h.data(), L.post_mlp_norm.data(), w.h.data(), n, H, eps);
   w.pending = true;  // x += h happens in the next norm (see Work)
 }
@@ -648,9 +698,13 @@ void Model::embed(const int32_t* tokens, int64_t n, float* x) const {
   const int64_t H = cfg_.hidden_size;
   // One row at a time: a quantized table is dequantized only for the tokens looked up.
   const size_t row_bytes = size_t(kernels::wtype_row_bytes(embed_.type, H));
-  for (int64_t t = 0; t < n; ++t)
-    kernels::to_f32(static_cast<const uint8_t*>(embed_.data) + size_t(tokens[t]) * row_bytes, embed_.type,
-                    x + t * H, H);
+  for (int64_t t = 0; t < n; ++t) {
+    if (embed_.packed)  // a tied table kept only packed (LoadOptions::pack_weights)
+      kernels::packed_row(*embed_.packed, tokens[t], x + t * H);
+    else
+      kernels::to_f32(static_cast<const uint8_t*>(embed_.data) + size_t(tokens[t]) * row_bytes, embed_.type,
+                      x + t * H, H);
+  }
   if (cfg_.embed_scale != 1.0f)  // gemma3: * sqrt(hidden_size), in f32 as llama.cpp's ggml_scale
     for (int64_t i = 0; i < n * H; ++i) x[i] *= cfg_.embed_scale;
 }
@@ -714,7 +768,7 @@ void Model::forward_batch(const SeqBatch* seqs, int64_t n_seqs) const {
   const bool direct = n_seqs == 1;  // one sequence: straight into its buffer
   std::vector<float> out(direct ? 0 : size_t(m * c.vocab_size));
   float* y = direct ? seqs[0].logits : out.data();
-  kernels::matmul(xs.data(), lm_head_.data, lm_head_.type, nullptr, y, m, c.vocab_size, H);
+  linear(xs.data(), lm_head_, nullptr, y, m);
   if (direct) return;
   for (int64_t s = 0, i = 0; s < n_seqs; ++s) {
     if (!seqs[s].logits) continue;
@@ -813,7 +867,7 @@ BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& 
   std::vector<float> last(static_cast<size_t>(H));
   w2.residual_row(m - 1, H, last.data());
   kernels::rms_norm(last.data(), final_norm_store_.data(), w2.h.data(), 1, H, float(c.rms_norm_eps));
-  kernels::matmul(w2.h.data(), lm_head_.data, lm_head_.type, nullptr, logits, 1, c.vocab_size, H);
+  linear(w2.h.data(), lm_head_, nullptr, logits, 1);
   return st;
 }
 

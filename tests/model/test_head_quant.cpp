@@ -23,9 +23,12 @@ using nlohmann::json;
 
 namespace {
 
+// The stored layout (no packing at load): these tests compare heads, and the tied table's
+// bytes, as stored (test_pack_weights covers packing).
 LoadOptions head(HeadQuant q) {
   LoadOptions o;
   o.head_quant = q;
+  o.pack_weights = false;
   return o;
 }
 

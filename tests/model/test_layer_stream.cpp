@@ -16,6 +16,14 @@
 namespace kvboost {
 namespace {
 
+// Streamed layers are read in the stored layout (no packing at load), so the resident model
+// they must match bit for bit is loaded in that layout too (LoadOptions::pack_weights).
+LoadOptions stored_layout() {
+  LoadOptions o;
+  o.pack_weights = false;
+  return o;
+}
+
 using stream::LayerStreamer;
 using stream::TensorRef;
 
@@ -232,7 +240,7 @@ class StreamedModel : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(StreamedModel, TwoAndThreeLayerBudgetsGiveBitIdenticalLogits) {
   const std::string dir = fixture("stream_model_" + GetParam(), GetParam());
-  auto resident = Model::load(dir);
+  auto resident = Model::load(dir, stored_layout());
   EXPECT_FALSE(resident->stream_info().streaming);
   const auto want = run_all(*resident);
   // The smallest budget: learn one slot's size from a load that fits two layers.
@@ -280,7 +288,7 @@ TEST(StreamedModelErrors, BudgetBelowTwoLayers) {
 
 TEST(StreamedModel, ConcurrentForwardsStayCorrect) {
   const std::string dir = fixture("stream_model_mt", "f32");
-  auto resident = Model::load(dir);
+  auto resident = Model::load(dir, stored_layout());
   const auto& c = resident->config();
   const auto t = tokens(16, 5);
   KvCache k0(c, 32);
@@ -313,7 +321,7 @@ TEST(StreamedModel, GgufLlamaOwnedTensorsStreamThroughTheScratchFile) {
   const int64_t H = 64, I = 128, V = 100, L = 4, nh = 4, nkv = 2, hd = 16;
   test::add_random_llama(b, {H, I, V, L, nh, nkv, hd}, 1, [](uint32_t&) {});
   const std::string path = test::write(test::make_temp_dir("stream_gguf"), "m.gguf", b.finish());
-  auto resident = Model::load(path);
+  auto resident = Model::load(path, stored_layout());
   const std::vector<int32_t> ids{1, 17, 30, 4, 99, 50, 3, 71};
   auto run = [&](const Model& m) {
     KvCache kv(m.config(), 16);

@@ -61,18 +61,25 @@ PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K, PackLayo
   uint8_t* dst = static_cast<uint8_t*>(mem);
   int feat[kPackedPanel];
   for (int p = 0; p < kPackedPanel; ++p) feat[p] = cpu::packed_feature(wt, p);
-  // Per panel: read 16 source rows (sequential streams), write one linear panel.
-  parallel_for_dynamic(n_panels, n_panels > 1 && N * K >= (1 << 16), [&](int64_t pi, int) {
-    uint8_t* out = dst + size_t(pi) * panel_bytes;
-    for (int64_t k = 0; k < K; ++k) {
+  // Per panel: read 16 source rows (sequential streams), write one linear panel. Typed element
+  // copies: a memcpy of run-time size per element made packing q05 at load (LoadOptions::
+  // pack_weights) cost ~20 s; `kvboost generate` went 34 -> 20 s end to end (load ~10).
+  auto pack_panels = [&](auto elem) {
+    using T = decltype(elem);
+    const T* s = reinterpret_cast<const T*>(src);
+    parallel_for_dynamic(n_panels, n_panels > 1 && N * K >= (1 << 16), [&](int64_t pi, int) {
+      T* out = reinterpret_cast<T*>(dst + size_t(pi) * panel_bytes);
+      const T* rows[kPackedPanel];
       for (int pos = 0; pos < kPackedPanel; ++pos) {
         const int64_t n = pi * kPackedPanel + feat[pos];
-        uint8_t* o = out + (size_t(k) * kPackedPanel + pos) * es;
-        if (n < N) std::memcpy(o, src + (size_t(n) * K + k) * es, es);
-        else std::memset(o, 0, es);
+        rows[pos] = n < N ? s + size_t(n) * K : nullptr;
       }
-    }
-  });
+      for (int64_t k = 0; k < K; ++k)
+        for (int pos = 0; pos < kPackedPanel; ++pos) out[size_t(k) * kPackedPanel + pos] = rows[pos] ? rows[pos][k] : T(0);
+    });
+  };
+  if (es == 4) pack_panels(uint32_t{});
+  else pack_panels(uint16_t{});
   if (bytes > size_t(n_panels) * panel_bytes)
     std::memset(dst + size_t(n_panels) * panel_bytes, 0, bytes - size_t(n_panels) * panel_bytes);
   return pw;
@@ -104,6 +111,31 @@ void matmul_packed_ref(const float* x, const PackedWeight& w, const float* bias,
       }
       y[m * N + n] = float(acc);
     }
+  }
+}
+
+void packed_row(const PackedWeight& w, int64_t n, float* out) {
+  const int64_t K = w.k();
+  if (n < 0 || n >= w.n()) fail("packed_row: row ", n, " is outside [0, ", w.n(), ")");
+  if (w.layout() == PackLayout::Bf16Pairs) {
+    const uint8_t* base = static_cast<const uint8_t*>(w.data());
+    for (int64_t k = 0; k < K; ++k) out[k] = bf16_to_f32(cpu::pairs_at(base, K, n, k));
+    return;
+  }
+  const int es = wtype_size(w.wt());
+  int pos = 0;
+  while (cpu::packed_feature(w.wt(), pos) != n % kPackedPanel) ++pos;
+  const uint8_t* e = static_cast<const uint8_t*>(w.data()) + size_t(n / kPackedPanel) * K * kPackedPanel * es +
+                     size_t(pos) * es;
+  const size_t stride = size_t(kPackedPanel) * es;
+  if (w.wt() == WType::F32) {
+    for (int64_t k = 0; k < K; ++k, e += stride) std::memcpy(out + k, e, 4);
+    return;
+  }
+  for (int64_t k = 0; k < K; ++k, e += stride) {
+    uint16_t h;
+    std::memcpy(&h, e, 2);
+    out[k] = w.wt() == WType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
   }
 }
 
