@@ -264,6 +264,26 @@ TEST_F(Emulated, SingleThreadedEqualsPooled) {
   EXPECT_EQ(a, b);
 }
 
+// (a) sums each output over k in order with one FMA chain, as the AVX2 tiles do, from the same
+// f32 weights: from 2 tokens on the two paths agree bit for bit, so dispatch's switch between
+// them at 17 tokens keeps FastKernels.PackedMatmulRowsDoNotDependOnBatch true on AVX-512 CPUs.
+TEST_F(Emulated, Avx512FmaEqualsAvx2BitForBit) {
+  set_active_isa(Isa::Avx2);
+  if (active_isa() != Isa::Avx2) GTEST_SKIP() << "needs the AVX2 path";
+  const int64_t N = 70, K = 45;
+  for (WType wt : {WType::F32, WType::F16, WType::BF16})
+    for (int64_t M : {2, 3, 7, 16, 17, 25, 40}) {
+      const auto w = random_weight(wt, N, K, 40 + M);
+      const auto x = randv(size_t(M * K), 41 + M);
+      const auto b = randv(size_t(N), 42);
+      const PackedWeight pw = pack_weight(w.data(), wt, N, K, PackLayout::Panel16);
+      std::vector<float> a(size_t(M * N)), c(a.size());
+      matmul_packed_avx512_emu(x.data(), pw, b.data(), a.data(), M);
+      matmul_packed(x.data(), pw, b.data(), c.data(), M);  // the AVX2 kernels here
+      ASSERT_EQ(a, c) << wtype_name(wt) << " M=" << M;
+    }
+}
+
 // Each kernel reads only its own layout.
 TEST_F(Emulated, KernelsRejectTheOtherLayout) {
   const auto w = random_weight(WType::BF16, 32, 32, 5);
