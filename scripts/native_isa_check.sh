@@ -49,7 +49,7 @@ obj=$(find "$B" -name 'matmul_packed_amx.cpp.o' | head -1)
 objdump -d --no-show-raw-insn -C "$obj" | grep -B12 ldtilecfg | cut -c1-110
 echo "(the configuration is built in matmul_packed_amx: 64 zero bytes, palette 1 at +0, colsb at +16, rows at +48:)"
 objdump -d --no-show-raw-insn -C "$obj" | awk '/<kvboost::kernels::cpu::matmul_packed_amx\(.*>:$/{p=1} p' \
-  | grep -m6 -E 'movb +\$0x1,|movabs +\$0x1010101010101010|vpbroadcastw|vmovdqa64 %zmm0,' | cut -c1-110
+  | sed -n 1,120p | grep -E 'movb +\$0x1,|movabs +\$0x1010101010101010|mov +%rax,-0x|vmovdqa +%xmm0,|vmovdqa64 %zmm0,' | cut -c1-110
 
 [ "${SKIP_BENCH:-0}" = 1 ] && exit $fail
 if [ ! -f "$MODEL/model.safetensors" ]; then
