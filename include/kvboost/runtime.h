@@ -82,6 +82,10 @@ struct ReusePolicy {
   int64_t sink_tokens = 0;      // tokens at the start of the prompt that are always computed
   float blend_ratio = 0.15f;    // cacheblend: fraction of reused tokens recomputed
   int64_t blend_check_layer = 1;
+  // cacheblend: the first this many tokens of each reused run are recomputed first, out of the
+  // same budget (blend_ratio of the reused tokens); the deviation picks the rest. A run's first
+  // tokens are where its K/V missed the most context (EPIC); 0: deviation alone (CacheBlend).
+  int64_t blend_run_starts = 0;
   bool store = true;            // store computed chunks and blocks for later requests (false:
                                 // the request leaves no trace in any cache)
   bool pin = false;             // stored chunks stay in RAM (Engine::warm)

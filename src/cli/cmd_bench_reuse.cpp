@@ -228,9 +228,9 @@ void run_bench(const Args& a) {
   std::mt19937 rng(uint32_t(a.seed));
   std::printf("model %s, chunk %d tokens, stored K/V %s, medians of %d runs\n", e->model().dir().c_str(), a.chunk,
               a.quant.c_str(), a.runs);
-  std::printf("repair: selective first %lld tokens of each run (+%lld before), cacheblend %.0f%% by layer %lld deviation; text: %s\n\n",
+  std::printf("repair: selective first %lld tokens of each run (+%lld before), cacheblend %.0f%% by layer %lld deviation (run starts first: %lld); text: %s\n\n",
               (long long)a.repair.repair_tokens, (long long)a.repair.overlap_tokens, 100.0 * a.repair.blend_ratio,
-              (long long)a.repair.blend_check_layer, a.corpus.empty() ? "generated prose" : a.corpus.c_str());
+              (long long)a.repair.blend_check_layer, (long long)a.repair.blend_run_starts, a.corpus.empty() ? "generated prose" : a.corpus.c_str());
   std::printf("| scenario | mode | TTFT ms | vs full | reuse ratio | top-1 agree | logit cosine | KL |\n|---|---|---|---|---|---|---|---|\n");
   auto has = [&](const char* s) { return a.scenarios.find(s) != std::string::npos; };
   std::optional<Corpus> corpus;
@@ -346,6 +346,10 @@ void add_bench_reuse(CLI::App* bench) {
       ->capture_default_str();
   c->add_option("--blend-ratio", a->repair.blend_ratio, "cacheblend: fraction of reused tokens recomputed")
       ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  c->add_option("--blend-run-starts", a->repair.blend_run_starts,
+                "cacheblend: first tokens of each reused run recomputed ahead of the deviation pick (same budget)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   c->add_option("--check-layer", a->repair.blend_check_layer, "cacheblend: layer whose K/V deviation selects the tokens")
       ->check(CLI::NonNegativeNumber)

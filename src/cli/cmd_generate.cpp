@@ -28,6 +28,7 @@ struct GenerateArgs {
   std::string reuse = "prefix";
   int64_t repair_tokens = 16;
   float blend_ratio = 0.15f;
+  int64_t blend_run_starts = 0;
 };
 
 void run_generate(GenerateArgs a) {
@@ -61,6 +62,7 @@ void run_generate(GenerateArgs a) {
   opt.reuse.mode = parse_reuse_mode(a.reuse);
   opt.reuse.repair_tokens = a.repair_tokens;
   opt.reuse.blend_ratio = a.blend_ratio;
+  opt.reuse.blend_run_starts = a.blend_run_starts;
   // Segments (RAG documents) first, each chunked on its own; the prompt text after them.
   std::vector<int32_t> ids;
   if (!a.segments.empty()) {
@@ -145,6 +147,10 @@ void add_generate(CLI::App& app) {
   c->add_option("--reuse", a->reuse, "Chunk reuse: prefix | none | selective | cacheblend")->capture_default_str();
   c->add_option("--repair-tokens", a->repair_tokens, "selective: tokens recomputed at the start of each reused run")->capture_default_str();
   c->add_option("--blend-ratio", a->blend_ratio, "cacheblend: fraction of reused tokens recomputed")->capture_default_str();
+  c->add_option("--blend-run-starts", a->blend_run_starts,
+                "cacheblend: first tokens of each reused run recomputed ahead of the deviation pick (same budget)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   a->chunks.add(c);
   c->add_flag("--stats", a->stats, "Print KV cache statistics (blocks used, cached, hit rate) at the end");
   c->callback([a]() { run_generate(*a); });

@@ -446,7 +446,7 @@ StepStats Engine::step() {
   for (Request::State* r : blends) {
     try {
       BlendOptions bo;
-      bo.ratio = r->opt.reuse.blend_ratio;
+      bo.ratio = r->blend_ratio;
       bo.check_layer = r->opt.reuse.blend_check_layer;
       bo.reused = r->reused.data();
       const int64_t n = int64_t(r->context.size()) - r->blend_from;
@@ -457,7 +457,7 @@ StepStats Engine::step() {
       ss.n_prefill_tokens += n;
       {
         std::lock_guard<std::mutex> l(r->mu);
-        r->res.n_recomputed = bs.n_selected;
+        r->res.n_recomputed = bs.n_selected + r->blend_forced;
       }
       r->history = r->context;
       store_chunks(*r);

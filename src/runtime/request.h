@@ -37,6 +37,8 @@ struct Request::State {
   bool blend = false;              // prefill in one CacheBlend pass
   std::vector<uint8_t> reused;     // blend: per context token from n_cached on, 1 = reused K/V
   int64_t blend_from = 0;          // blend: first position of the pass
+  float blend_ratio = 0;           // blend: share of the remaining candidates to recompute
+  int64_t blend_forced = 0;        // blend: run-start tokens recomputed ahead of the selection
   // Positions below exact_limit hold exactly the K/V a full prefill computes; only those blocks
   // may become prefix-cache entries.
   int64_t exact_limit = INT64_MAX;

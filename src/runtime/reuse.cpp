@@ -8,6 +8,7 @@
 // each reused run (selective, EPIC), or the most deviated fraction (cacheblend, in one pass).
 // Positions from the first approximate token on are never registered as exact prefix K/V.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "request.h"
@@ -143,6 +144,17 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
     r.blend_from = frontier;
     r.reused.assign(size_t(n - frontier), 0);
     for (int64_t p = frontier; p < n; ++p) r.reused[size_t(p - frontier)] = state[size_t(p)] == 2 && p >= pol.sink_tokens;
+    // Run starts first, out of the same budget: they leave the candidates (computed in every
+    // layer) and the ratio over the remaining candidates shrinks so the total stays the same.
+    int64_t n_cand = 0, n_forced = 0;
+    for (uint8_t x : r.reused) n_cand += x;
+    const double budget = std::ceil(double(pol.blend_ratio) * double(n_cand));
+    for (int64_t s : run_starts)
+      for (int64_t p = std::max(s, frontier); p < std::min(s + pol.blend_run_starts, n) && n_forced < budget; ++p)
+        if (r.reused[size_t(p - frontier)]) r.reused[size_t(p - frontier)] = 0, ++n_forced;
+    const int64_t left = n_cand - n_forced;
+    r.blend_forced = n_forced;
+    r.blend_ratio = left > 0 ? float(std::max(0.0, budget - double(n_forced)) / double(left)) : 0.0f;
   }
   r.todo.clear();
   r.todo_next = 0;

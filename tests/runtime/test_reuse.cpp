@@ -87,6 +87,38 @@ TEST(Reuse, DocumentsInANewOrderAreReusedAndRepaired) {
   EXPECT_EQ(sel.top1_rate(), 1.0);
 }
 
+// cacheblend with run starts first: the run starts come out of the same budget (the number of
+// recomputed tokens does not change), and a full budget stays exact.
+TEST(Reuse, CacheBlendRunStartsShareTheBudget) {
+  KVBOOST_REQUIRE_PATH(stories());
+  auto e = Engine::load(stories(), opts());
+  std::vector<int64_t> segs;
+  GenerateOptions o;
+  o.max_new_tokens = 1;
+  o.segment_starts = segs;
+  e->generate_ids(build(*e, {0, 1, 2}, &segs), o);
+  const auto ids = build(*e, {2, 0, 1}, &segs);
+  o.segment_starts = segs;
+  o.reuse.mode = ReuseMode::kCacheBlend;
+  o.reuse.store = false;
+  o.reuse.blend_ratio = 0.3f;
+  const Engine::Agreement plain = e->verify_correctness(ids, o, 4);
+  for (int64_t starts : {2, 8, 1000}) {
+    SCOPED_TRACE(starts);
+    GenerateOptions r = o;
+    r.reuse.blend_run_starts = starts;
+    const Engine::Agreement a = e->verify_correctness(ids, r, 4);
+    EXPECT_EQ(a.n_reused, plain.n_reused);
+    EXPECT_NEAR(double(a.n_recomputed), double(plain.n_recomputed), 1.0);
+    EXPECT_GT(a.mean_cosine(), 0.9);
+    // another set of tokens was recomputed: the logits move
+    if (starts == 1000) EXPECT_NE(a.mean_kl(), plain.mean_kl());
+  }
+  o.reuse.blend_ratio = 1.0f;
+  o.reuse.blend_run_starts = 8;
+  EXPECT_GT(e->verify_correctness(ids, o, 4).mean_cosine(), 0.999999);
+}
+
 TEST(Reuse, ExactHitsSurviveARestartThroughTheDiskTier) {
   KVBOOST_REQUIRE_PATH(stories());
   const std::string dir = test::make_temp_dir("reuse_disk");
