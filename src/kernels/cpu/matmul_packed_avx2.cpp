@@ -161,6 +161,10 @@ void small_m_panels(const float* x, int64_t M, int64_t K, const uint8_t* w, int6
   }
 }
 
+// Bytes ahead of the GEMV's read position that it prefetches. Quiet A/B on Qwen2.5-0.5B-shaped
+// bf16 decode (5 rounds, medians): none 12.8 tok/s, 8 KiB 14.3, 16 KiB 14.6 (3 rounds), raw layout 14.1.
+constexpr int64_t kGemvPrefetch = 8192;
+
 template <WType WT>
 void gemv_panels(const float* x, int64_t K, const uint8_t* w, int64_t p_begin, int64_t p_end,
                  float* y, int64_t N, const float* bias) {
@@ -172,6 +176,10 @@ void gemv_panels(const float* x, int64_t K, const uint8_t* w, int64_t p_begin, i
     for (; k + 4 <= K; k += 4) {
       __m256 w0, w1;
       const uint8_t* r = pw + k * row_bytes<WT>();
+      // One linear stream per thread: software prefetch keeps more lines in flight than the
+      // hardware prefetcher does behind this FMA chain (as the raw-layout GEMV does).
+      for (int64_t b = 0; b < 4 * row_bytes<WT>(); b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(r + kGemvPrefetch + b), _MM_HINT_T0);
       load_row16<WT>(r, w0, w1);
       __m256 s = _mm256_broadcast_ss(x + k);
       a0 = _mm256_fmadd_ps(s, w0, a0);
