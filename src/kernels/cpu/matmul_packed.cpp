@@ -28,19 +28,24 @@ PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K, PackLayo
   if (N <= 0 || K <= 0) fail("pack_weight: empty weight [", N, ", ", K, "]");
   if (wtype_is_quantized(wt))
     fail("pack_weight: ", wtype_name(wt), " weights are not packed (matmul reads the blocks as they are)");
-  if (layout == PackLayout::Bf16Pairs) {  // matmul_packed_pairs.cpp
-    if (wt != WType::BF16)
-      fail("pack_weight: the Bf16Pairs layout takes BF16 weights, not ", wtype_name(wt));
-    const size_t bytes = cpu::pairs_packed_bytes(N, K);
+  PackedWeight pw;
+  // 64-byte aligned storage of `bytes` for a [N, K] weight in `layout` (the lambda shares this
+  // friend function's access to PackedWeight).
+  auto allocate = [&](size_t bytes) {
     void* mem = std::aligned_alloc(64, bytes);
     if (!mem) fail("pack_weight: cannot allocate ", bytes, " bytes for a [", N, ", ", K, "] weight");
-    PackedWeight pw;
     pw.data_.reset(static_cast<uint8_t*>(mem));
     pw.bytes_ = bytes;
     pw.wt_ = wt;
     pw.layout_ = layout;
     pw.n_ = N;
     pw.k_ = K;
+    return mem;
+  };
+  if (layout == PackLayout::Bf16Pairs) {  // matmul_packed_pairs.cpp
+    if (wt != WType::BF16)
+      fail("pack_weight: the Bf16Pairs layout takes BF16 weights, not ", wtype_name(wt));
+    void* mem = allocate(cpu::pairs_packed_bytes(N, K));
     cpu::pack_pairs(static_cast<const uint16_t*>(w), N, K, static_cast<uint8_t*>(mem));
     return pw;
   }
@@ -49,14 +54,7 @@ PackedWeight pack_weight(const void* w, WType wt, int64_t N, int64_t K, PackLayo
   const size_t panel_bytes = size_t(K) * kPackedPanel * es;
   size_t bytes = size_t(n_panels) * panel_bytes;
   bytes = (bytes + 63) / 64 * 64;
-  void* mem = std::aligned_alloc(64, bytes);
-  if (!mem) fail("pack_weight: cannot allocate ", bytes, " bytes for a [", N, ", ", K, "] weight");
-  PackedWeight pw;
-  pw.data_.reset(static_cast<uint8_t*>(mem));
-  pw.bytes_ = bytes;
-  pw.wt_ = wt;
-  pw.n_ = N;
-  pw.k_ = K;
+  void* mem = allocate(bytes);
   const uint8_t* src = static_cast<const uint8_t*>(w);
   uint8_t* dst = static_cast<uint8_t*>(mem);
   int feat[kPackedPanel];
