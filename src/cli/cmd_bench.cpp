@@ -27,6 +27,7 @@
 
 #include "cli_util.h"
 #include "kvboost/kernels.h"
+#include "kvboost/runtime.h"
 
 namespace kvboost::cli {
 
@@ -436,18 +437,9 @@ void run_logit_error(const LogitArgs& a) {
       for (int64_t i = 0; i < V; ++i) row_max = std::max(row_max, double(std::fabs(p[i] - q[i])));
       max_abs = std::max(max_abs, row_max);
       if (sd > 0) max_rel = std::max(max_rel, row_max / sd);
-      // KL(softmax(p) || softmax(q)) in double.
-      double mp = p[0], mq = q[0];
-      for (int64_t i = 1; i < V; ++i) mp = std::max(mp, double(p[i])), mq = std::max(mq, double(q[i]));
-      double zp = 0, zq = 0;
-      for (int64_t i = 0; i < V; ++i) zp += std::exp(p[i] - mp), zq += std::exp(q[i] - mq);
-      double kl = 0;
-      for (int64_t i = 0; i < V; ++i) {
-        const double lp = p[i] - mp - std::log(zp), lq = q[i] - mq - std::log(zq);
-        kl += std::exp(lp) * (lp - lq);
-      }
-      kl_sum += kl;
-      agree += kernels::argmax(p, V) == kernels::argmax(q, V);
+      const LogitAgreement g = compare_logits(p, q, V);  // KL(softmax(p) || softmax(q)) in double
+      kl_sum += g.kl;
+      agree += g.top1;
     }
     std::printf("| %s | %.3g | %.3g | %.3g | %lld/%lld |\n", isa_name(isa), max_abs, max_rel,
                 kl_sum / double(rows), (long long)agree, (long long)rows);

@@ -21,6 +21,7 @@
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
 #include "kvboost/model.h"
+#include "kvboost/runtime.h"
 #include "test_util.h"
 
 using namespace kvboost;
@@ -128,17 +129,9 @@ Err compare(const std::vector<float>& ref, const std::vector<float>& got, int64_
     for (int64_t i = 0; i < V; ++i) row_max = std::max(row_max, double(std::fabs(p[i] - q[i])));
     e.max_abs = std::max(e.max_abs, row_max);
     if (sd > 0) e.max_rel = std::max(e.max_rel, row_max / sd);
-    double mp = p[0], mq = q[0];
-    for (int64_t i = 1; i < V; ++i) mp = std::max(mp, double(p[i])), mq = std::max(mq, double(q[i]));
-    double zp = 0, zq = 0;
-    for (int64_t i = 0; i < V; ++i) zp += std::exp(p[i] - mp), zq += std::exp(q[i] - mq);
-    double kl = 0;
-    for (int64_t i = 0; i < V; ++i) {
-      const double lp = p[i] - mp - std::log(zp), lq = q[i] - mq - std::log(zq);
-      kl += std::exp(lp) * (lp - lq);
-    }
-    e.mean_kl += kl / double(e.rows);
-    e.agree += kernels::argmax(p, V) == kernels::argmax(q, V);
+    const LogitAgreement g = compare_logits(p, q, V);  // KL(softmax(p) || softmax(q)), top-1
+    e.mean_kl += g.kl / double(e.rows);
+    e.agree += g.top1;
   }
   return e;
 }
