@@ -188,6 +188,21 @@ inline __m256 lane_bcast(__m256 v) {
   return _mm256_shuffle_ps(v, v, R * 0x55);
 }
 
+// A tile's outputs: y[m0 + t, n0 + r] = hsum(acc[t][r]) (+ lane r of zacc[t], the zero-point
+// term of the Q4_Z tiles) (+ bias[n0 + r]). Shared by every tile below.
+template <int MR, int NR>
+inline void store_tile(const __m256 (&acc)[MR][NR], const __m128* zacc, const float* bias, float* y, int64_t m0,
+                       int64_t n0, int64_t N) {
+  for (int t = 0; t < MR; ++t) {
+    alignas(16) float zl[4] = {0, 0, 0, 0};
+    if (zacc) _mm_store_ps(zl, zacc[t]);
+    for (int r = 0; r < NR; ++r) {
+      const float s = zacc ? hsum(acc[t][r]) + zl[r] : hsum(acc[t][r]);
+      y[(m0 + t) * N + n0 + r] = bias ? s + bias[n0 + r] : s;
+    }
+  }
+}
+
 // Q4_0 / Q4_Z tile (same contract as tile below). Per block the nibbles stay unsigned (0..15,
 // maddubs' u8 operand as they are) and the zero point z (Q4_Z's byte, 8 for Q4_0) is taken out
 // afterwards in f32: sum_k d_w (q_k - z) d_x x_k = d_w d_x sum q x - d_w z (d_x sum x), where
@@ -242,14 +257,7 @@ inline void tile_z(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64
       if constexpr (NR > 3) acc[t][3] = _mm256_fmadd_ps(f[3], lane_bcast<3>(ss), acc[t][3]);
     }
   }
-  for (int t = 0; t < MR; ++t) {
-    alignas(16) float zl[4];
-    _mm_store_ps(zl, zacc[t]);
-    for (int r = 0; r < NR; ++r) {
-      const float s = hsum(acc[t][r]) + zl[r];
-      y[(m0 + t) * N + n0 + r] = bias ? s + bias[n0 + r] : s;
-    }
-  }
+  store_tile<MR, NR>(acc, zacc, bias, y, m0, n0, N);
 }
 
 // Q8_0 tile (same contract as tile below): tile_generic's sign trick (|w| times x with w's sign; |-128|
@@ -304,11 +312,7 @@ inline void tile_q8(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int6
       if constexpr (NR > 3) acc[t][3] = _mm256_fmadd_ps(f[3], lane_bcast<3>(ss), acc[t][3]);
     }
   }
-  for (int t = 0; t < MR; ++t)
-    for (int r = 0; r < NR; ++r) {
-      const float s = hsum(acc[t][r]);
-      y[(m0 + t) * N + n0 + r] = bias ? s + bias[n0 + r] : s;
-    }
+  store_tile<MR, NR>(acc, nullptr, bias, y, m0, n0, N);
 }
 
 // Q4_Z128 tile (same contract as tile below): tile_z's scheme with one (d, z) header per 128
@@ -370,14 +374,7 @@ inline void tile_z128(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, in
       }
     }
   }
-  for (int t = 0; t < MR; ++t) {
-    alignas(16) float zl[4];
-    _mm_store_ps(zl, zacc[t]);
-    for (int r = 0; r < NR; ++r) {
-      const float s = hsum(acc[t][r]) + zl[r];
-      y[(m0 + t) * N + n0 + r] = bias ? s + bias[n0 + r] : s;
-    }
-  }
+  store_tile<MR, NR>(acc, zacc, bias, y, m0, n0, N);
 }
 
 // The sign-trick / K-quant tile (Q5_0, Q4_K, Q5_K, Q6_K), below.
@@ -445,11 +442,7 @@ inline void tile_generic(const QAct& a, int64_t m0, const uint8_t* w, size_t rb,
       }
     }
   }
-  for (int t = 0; t < MR; ++t)
-    for (int r = 0; r < NR; ++r) {
-      const float s = hsum(acc[t][r]);
-      y[(m0 + t) * N + n0 + r] = bias ? s + bias[n0 + r] : s;
-    }
+  store_tile<MR, NR>(acc, nullptr, bias, y, m0, n0, N);
   }
 }
 
