@@ -211,6 +211,12 @@ struct SeqBatch {
 struct BlendOptions {
   int64_t check_layer = 1;   // layers below it recompute every token; K/V of all at check_layer
   float ratio = 0.15f;       // fraction of the reused tokens recomputed after check_layer
+  // Gradual filtering (CacheBlend section 4.2): first_ratio > ratio selects that fraction at the
+  // check layer, and each of the next taper_layers layers re-ranks the survivors by their own
+  // K/V deviation there and keeps fewer, down to `ratio` from check_layer + taper_layers on.
+  // first_ratio <= ratio: one selection at the check layer.
+  float first_ratio = 0.0f;
+  int64_t taper_layers = 1;
   // [n] 1: the token's K/V in its slot came from a cache (a candidate to skip); 0: computed
   // in every layer (new tokens). The last token is always computed (it produces the logits).
   const uint8_t* reused = nullptr;
@@ -219,7 +225,8 @@ struct BlendStats {
   int64_t n_full_layers = 0;      // layers in which every token was computed (plus K/V of all
                                   // tokens at the check layer)
   int64_t n_selected = 0;         // reused tokens recomputed after the check layer
-  int64_t n_rows_late = 0;        // tokens computed per later layer (selected + new)
+  int64_t n_rows_late = 0;        // tokens computed in the last layer (selected + new)
+  int64_t n_row_layers = 0;       // rows x layers computed from the check layer on (the cost)
 };
 
 // The output projection (lm_head, or the embedding table when tied) quantized once at load

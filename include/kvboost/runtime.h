@@ -86,6 +86,11 @@ struct ReusePolicy {
   // same budget (blend_ratio of the reused tokens); the deviation picks the rest. A run's first
   // tokens are where its K/V missed the most context (EPIC); 0: deviation alone (CacheBlend).
   int64_t blend_run_starts = 0;
+  // cacheblend gradual filtering: select this fraction at the check layer, then narrow to
+  // blend_ratio over the next blend_taper_layers layers, each ranking the survivors by its own
+  // K/V deviation. <= blend_ratio: one selection at the check layer.
+  float blend_first_ratio = 0.0f;
+  int64_t blend_taper_layers = 1;
   bool store = true;            // store computed chunks and blocks for later requests (false:
                                 // the request leaves no trace in any cache)
   bool pin = false;             // stored chunks stay in RAM (Engine::warm)

@@ -86,4 +86,34 @@ std::string read_stdin() {
   return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
 }
 
+void add_repair_options(CLI::App* c, ReusePolicy& p) {
+  c->add_option("--repair-tokens", p.repair_tokens, "selective: tokens recomputed at the start of each reused run")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--overlap", p.overlap_tokens, "selective: also recompute this many tokens before each run")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--sink-tokens", p.sink_tokens, "Tokens at the start of the prompt that are always computed")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--blend-ratio", p.blend_ratio, "cacheblend: fraction of reused tokens recomputed")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  c->add_option("--blend-run-starts", p.blend_run_starts,
+                "cacheblend: first tokens of each reused run recomputed ahead of the deviation pick (same budget)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--blend-first-ratio", p.blend_first_ratio,
+                "cacheblend gradual filtering: fraction selected at the check layer, narrowed to --blend-ratio")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  c->add_option("--blend-taper", p.blend_taper_layers,
+                "cacheblend gradual filtering: layers after the check layer over which the selection narrows")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c->add_option("--check-layer", p.blend_check_layer, "cacheblend: layer whose K/V deviation selects the tokens")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+}
+
 }  // namespace kvboost::cli

@@ -46,5 +46,9 @@ struct ChunkArgs {
   void apply(EngineOptions& eo) const;
 };
 void add_serve(CLI::App& app);
+// Chunk-reuse repair options (--repair-tokens, --overlap, --sink-tokens, --blend-ratio,
+// --blend-run-starts, --blend-first-ratio, --blend-taper, --check-layer) bound to `p`, whose
+// values are the defaults shown.
+void add_repair_options(CLI::App* c, ReusePolicy& p);
 
 }  // namespace kvboost::cli

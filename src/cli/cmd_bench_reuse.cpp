@@ -228,9 +228,10 @@ void run_bench(const Args& a) {
   std::mt19937 rng(uint32_t(a.seed));
   std::printf("model %s, chunk %d tokens, stored K/V %s, medians of %d runs\n", e->model().dir().c_str(), a.chunk,
               a.quant.c_str(), a.runs);
-  std::printf("repair: selective first %lld tokens of each run (+%lld before), cacheblend %.0f%% by layer %lld deviation (run starts first: %lld); text: %s\n\n",
+  std::printf("repair: selective first %lld tokens of each run (+%lld before), cacheblend %.0f%% by layer %lld deviation (run starts first: %lld; gradual from %.0f%% over %lld layers); text: %s\n\n",
               (long long)a.repair.repair_tokens, (long long)a.repair.overlap_tokens, 100.0 * a.repair.blend_ratio,
-              (long long)a.repair.blend_check_layer, (long long)a.repair.blend_run_starts, a.corpus.empty() ? "generated prose" : a.corpus.c_str());
+              (long long)a.repair.blend_check_layer, (long long)a.repair.blend_run_starts,
+              100.0 * std::max(a.repair.blend_ratio, a.repair.blend_first_ratio), (long long)a.repair.blend_taper_layers, a.corpus.empty() ? "generated prose" : a.corpus.c_str());
   std::printf("| scenario | mode | TTFT ms | vs full | reuse ratio | top-1 agree | logit cosine | KL |\n|---|---|---|---|---|---|---|---|\n");
   auto has = [&](const char* s) { return a.scenarios.find(s) != std::string::npos; };
   std::optional<Corpus> corpus;
@@ -338,22 +339,7 @@ void add_bench_reuse(CLI::App* bench) {
   c->add_option("--chunk", a->chunk, "Chunk size in tokens")->capture_default_str();
   c->add_option("--seed", a->seed, "Text generator seed")->capture_default_str();
   c->add_option("--kv-quant", a->quant, "Stored chunk K/V: f32 | int8 | int4")->capture_default_str();
-  c->add_option("--repair-tokens", a->repair.repair_tokens, "selective: tokens recomputed at the start of each reused run")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  c->add_option("--overlap", a->repair.overlap_tokens, "selective: also recompute this many tokens before each run")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  c->add_option("--blend-ratio", a->repair.blend_ratio, "cacheblend: fraction of reused tokens recomputed")
-      ->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
-  c->add_option("--blend-run-starts", a->repair.blend_run_starts,
-                "cacheblend: first tokens of each reused run recomputed ahead of the deviation pick (same budget)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  c->add_option("--check-layer", a->repair.blend_check_layer, "cacheblend: layer whose K/V deviation selects the tokens")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  add_repair_options(c, a->repair);
   c->add_option("--corpus", a->corpus,
                 "Real text for the prompts: comma-separated text files (e.g. /usr/share/common-licenses/GPL-3); "
                 "default: generated prose");

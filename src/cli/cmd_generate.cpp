@@ -26,9 +26,7 @@ struct GenerateArgs {
   std::vector<std::string> segments;
   ChunkArgs chunks;
   std::string reuse = "prefix";
-  int64_t repair_tokens = 16;
-  float blend_ratio = 0.15f;
-  int64_t blend_run_starts = 0;
+  ReusePolicy repair;  // repair parameters (the mode comes from --reuse)
 };
 
 void run_generate(GenerateArgs a) {
@@ -59,10 +57,8 @@ void run_generate(GenerateArgs a) {
   opt.ignore_eos = a.ignore_eos;
   opt.prefix_cache = !a.no_prefix_cache;
   opt.cache_namespace = a.cache_namespace;
+  opt.reuse = a.repair;
   opt.reuse.mode = parse_reuse_mode(a.reuse);
-  opt.reuse.repair_tokens = a.repair_tokens;
-  opt.reuse.blend_ratio = a.blend_ratio;
-  opt.reuse.blend_run_starts = a.blend_run_starts;
   // Segments (RAG documents) first, each chunked on its own; the prompt text after them.
   std::vector<int32_t> ids;
   if (!a.segments.empty()) {
@@ -145,12 +141,7 @@ void add_generate(CLI::App& app) {
   c->add_option("--repeat", a->repeat, "Run the same request this many times (later runs hit the prefix cache)")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("--segment", a->segments, "A prompt segment (system prompt, RAG document), chunked on its own (repeatable; the -p text follows them)");
   c->add_option("--reuse", a->reuse, "Chunk reuse: prefix | none | selective | cacheblend")->capture_default_str();
-  c->add_option("--repair-tokens", a->repair_tokens, "selective: tokens recomputed at the start of each reused run")->capture_default_str();
-  c->add_option("--blend-ratio", a->blend_ratio, "cacheblend: fraction of reused tokens recomputed")->capture_default_str();
-  c->add_option("--blend-run-starts", a->blend_run_starts,
-                "cacheblend: first tokens of each reused run recomputed ahead of the deviation pick (same budget)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  add_repair_options(c, a->repair);
   a->chunks.add(c);
   c->add_flag("--stats", a->stats, "Print KV cache statistics (blocks used, cached, hit rate) at the end");
   c->callback([a]() { run_generate(*a); });

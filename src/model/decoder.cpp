@@ -785,6 +785,7 @@ BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& 
   if (n <= 0) fail("forward_blend: no tokens");
   if (kv.page_in) fail("forward_blend: K/V in a cold tier are not supported (use selective repair)");
   if (opt.ratio < 0 || opt.ratio > 1) fail("blend ratio ", opt.ratio, " is outside [0, 1]");
+  if (opt.first_ratio < 0 || opt.first_ratio > 1) fail("blend first ratio ", opt.first_ratio, " is outside [0, 1]");
   check_tokens(c, tokens, n);
   SeqBatch seq;
   seq.kv = kv;
@@ -804,70 +805,95 @@ BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& 
     run_layer(l, &seq, &rows, &w, nullptr);
     if (pass) pass->release();
   }
-  // The check layer runs twice (K/V of all rows, then the selected rows): it stays acquired.
-  w.mats = pass ? bind_streamed(layers_[size_t(check)], pass->acquire(check), mats) : nullptr;
-  // Deviation of each reused token's fresh K/V from its cached K/V at the check layer.
-  std::vector<float> dev(size_t(n), 0.0f);
+  // Candidates: reused tokens other than the last; every other row runs in every layer.
+  std::vector<uint8_t> is_cand(size_t(n), 0);
+  int64_t n_cand = 0;
+  for (int64_t t = 0; t < n - 1; ++t) n_cand += is_cand[size_t(t)] = opt.reused && opt.reused[t];
+  auto count = [&](double ratio) {
+    return std::min<int64_t>(n_cand, int64_t(std::ceil(std::max(0.0, ratio) * double(n_cand))));
+  };
+  const int64_t n_final = count(opt.ratio);
+  const int64_t n_first = std::max(n_final, count(opt.first_ratio));
+  const int64_t taper = n_first > n_final ? std::max<int64_t>(1, opt.taper_layers) : 0;
+  // Candidates kept for layer l (check <= l): n_first at the check layer, linearly down to
+  // n_final at check + taper.
+  auto keep_at = [&](int64_t l) {
+    const int64_t d = l - check;
+    if (d >= taper) return n_final;
+    return n_final + (n_first - n_final) * (taper - d) / taper;
+  };
+  std::vector<int64_t> tok(static_cast<size_t>(n));  // token index of each current row
+  for (int64_t t = 0; t < n; ++t) tok[size_t(t)] = t;
+  int64_t n_kept = n_cand;  // candidates among the current rows
+  std::vector<float> dev;
+  // Deviation of each current candidate row's fresh K/V from its cached K/V at layer l.
+  int64_t measured_layer = 0;
   const std::function<void(const float*, const float*)> measure = [&](const float* k, const float* v) {
-    const int64_t bs = kv.block_size;
-    for (int64_t t = 0; t < n; ++t) {
-      if (!opt.reused || !opt.reused[t]) continue;
-      const int64_t p = kv.n_past + t;
-      const float* ck = slot_ptr(kv.k_pools[check], kv.block_table, bs, p, nkv);
-      const float* cv = slot_ptr(kv.v_pools[check], kv.block_table, bs, p, nkv);
+    const int64_t bs = kv.block_size, l = measured_layer;
+    dev.assign(tok.size(), 0.0f);
+    for (size_t r = 0; r < tok.size(); ++r) {
+      if (!is_cand[size_t(tok[r])]) continue;
+      const int64_t p = kv.n_past + tok[r];
+      const float* ck = slot_ptr(kv.k_pools[l], kv.block_table, bs, p, nkv);
+      const float* cv = slot_ptr(kv.v_pools[l], kv.block_table, bs, p, nkv);
       double d = 0;
       for (int64_t i = 0; i < nkv; ++i) {
-        const double dk = double(k[t * nkv + i]) - ck[i], dv = double(v[t * nkv + i]) - cv[i];
+        const double dk = double(k[int64_t(r) * nkv + i]) - ck[i], dv = double(v[int64_t(r) * nkv + i]) - cv[i];
         d += dk * dk + dv * dv;
       }
-      dev[size_t(t)] = float(d);
+      dev[r] = float(d);
     }
   };
-  // Only K and V are needed from every token at the check layer (to measure and to store);
-  // queries, attention and the MLP run there for the selected rows only.
-  run_layer(check, &seq, &rows, &w, &measure, /*kv_only=*/true);
   st.n_full_layers = check;
-
-  // Rows that go on: every non-reused token, the last token, and the most deviated reused ones.
-  std::vector<int64_t> cand;
-  std::vector<uint8_t> keep(size_t(n), 0);
-  for (int64_t t = 0; t < n; ++t) {
-    if (opt.reused && opt.reused[t] && t != n - 1)
-      cand.push_back(t);
-    else
-      keep[size_t(t)] = 1;
-  }
-  const int64_t n_sel = std::min<int64_t>(int64_t(cand.size()), int64_t(std::ceil(double(opt.ratio) * double(cand.size()))));
-  std::partial_sort(cand.begin(), cand.begin() + n_sel, cand.end(), [&](int64_t a, int64_t b) {
-    return dev[size_t(a)] != dev[size_t(b)] ? dev[size_t(a)] > dev[size_t(b)] : a < b;
-  });
-  for (int64_t i = 0; i < n_sel; ++i) keep[size_t(cand[size_t(i)])] = 1;
-  st.n_selected = n_sel;
-  Rows late;
-  Work w2;
-  int64_t m = 0;
-  for (int64_t t = 0; t < n; ++t) m += keep[size_t(t)];
-  w2.resize(c, m, false);
-  for (int64_t t = 0, r = 0; t < n; ++t) {
-    if (!keep[size_t(t)]) continue;
-    late.add(0, kv.n_past + t);
-    std::memcpy(&w2.x[size_t(r * H)], &w.x[size_t(t * H)], size_t(H) * sizeof(float));
-    ++r;
-  }
-  st.n_rows_late = m;
-  w = Work();
-  rope_tables(inv_freq_, inv_freq_local_, late, w2);
   for (int64_t l = check; l < c.n_layers; ++l) {
-    if (pass) w2.mats = l == check ? mats : bind_streamed(layers_[size_t(l)], pass->acquire(l), mats);
-    run_layer(l, &seq, &late, &w2, nullptr);
+    if (pass) w.mats = bind_streamed(layers_[size_t(l)], pass->acquire(l), mats);
+    const int64_t target = keep_at(l);
+    if (l == check || target < n_kept) {
+      // K/V of every current row first (they measure and are stored: a row dropped here keeps
+      // its fresh K/V of this layer), then queries, attention and MLP for the rows kept.
+      measured_layer = l;
+      run_layer(l, &seq, &rows, &w, &measure, /*kv_only=*/true);
+      std::vector<int64_t> cand;
+      for (size_t r = 0; r < tok.size(); ++r)
+        if (is_cand[size_t(tok[r])]) cand.push_back(int64_t(r));
+      const int64_t n_sel = std::min<int64_t>(target, int64_t(cand.size()));
+      std::partial_sort(cand.begin(), cand.begin() + n_sel, cand.end(), [&](int64_t a, int64_t b) {
+        return dev[size_t(a)] != dev[size_t(b)] ? dev[size_t(a)] > dev[size_t(b)] : a < b;
+      });
+      std::vector<uint8_t> keep(tok.size(), 0);
+      for (size_t r = 0; r < tok.size(); ++r) keep[r] = !is_cand[size_t(tok[r])];
+      for (int64_t i = 0; i < n_sel; ++i) keep[size_t(cand[size_t(i)])] = 1;
+      int64_t m = 0;
+      for (uint8_t x : keep) m += x;
+      Rows next;
+      Work w2;
+      w2.resize(c, m, false);
+      std::vector<int64_t> next_tok;
+      for (size_t r = 0; r < tok.size(); ++r) {
+        if (!keep[r]) continue;
+        next.add(0, kv.n_past + tok[r]);
+        std::memcpy(&w2.x[size_t(int64_t(next_tok.size()) * H)], &w.x[r * size_t(H)], size_t(H) * sizeof(float));
+        next_tok.push_back(tok[r]);
+      }
+      rope_tables(inv_freq_, inv_freq_local_, next, w2);
+      w2.mats = w.mats;
+      w = std::move(w2);
+      rows = std::move(next);
+      tok = std::move(next_tok);
+      n_kept = n_sel;
+    }
+    run_layer(l, &seq, &rows, &w, nullptr);
+    st.n_row_layers += rows.size();
     if (pass) pass->release();
   }
-  w2.mats = nullptr;
+  st.n_selected = n_kept;
+  st.n_rows_late = rows.size();
+  w.mats = nullptr;
   pass.reset();
   std::vector<float> last(static_cast<size_t>(H));
-  w2.residual_row(m - 1, H, last.data());
-  kernels::rms_norm(last.data(), final_norm_store_.data(), w2.h.data(), 1, H, float(c.rms_norm_eps));
-  linear(w2.h.data(), lm_head_, nullptr, logits, 1);
+  w.residual_row(rows.size() - 1, H, last.data());
+  kernels::rms_norm(last.data(), final_norm_store_.data(), w.h.data(), 1, H, float(c.rms_norm_eps));
+  linear(w.h.data(), lm_head_, nullptr, logits, 1);
   return st;
 }
 

@@ -448,6 +448,8 @@ StepStats Engine::step() {
       BlendOptions bo;
       bo.ratio = r->blend_ratio;
       bo.check_layer = r->opt.reuse.blend_check_layer;
+      bo.first_ratio = r->blend_first_ratio;
+      bo.taper_layers = r->opt.reuse.blend_taper_layers;
       bo.reused = r->reused.data();
       const int64_t n = int64_t(r->context.size()) - r->blend_from;
       const double t0 = now_ms();

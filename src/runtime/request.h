@@ -38,6 +38,7 @@ struct Request::State {
   std::vector<uint8_t> reused;     // blend: per context token from n_cached on, 1 = reused K/V
   int64_t blend_from = 0;          // blend: first position of the pass
   float blend_ratio = 0;           // blend: share of the remaining candidates to recompute
+  float blend_first_ratio = 0;     // blend: ... selected at the check layer (gradual filtering)
   int64_t blend_forced = 0;        // blend: run-start tokens recomputed ahead of the selection
   // Positions below exact_limit hold exactly the K/V a full prefill computes; only those blocks
   // may become prefix-cache entries.

@@ -154,7 +154,9 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
         if (r.reused[size_t(p - frontier)]) r.reused[size_t(p - frontier)] = 0, ++n_forced;
     const int64_t left = n_cand - n_forced;
     r.blend_forced = n_forced;
-    r.blend_ratio = left > 0 ? float(std::max(0.0, budget - double(n_forced)) / double(left)) : 0.0f;
+    auto share = [&](double b) { return left > 0 ? float(std::clamp((b - double(n_forced)) / double(left), 0.0, 1.0)) : 0.0f; };
+    r.blend_ratio = share(budget);
+    r.blend_first_ratio = share(std::ceil(double(pol.blend_first_ratio) * double(n_cand)));
   }
   r.todo.clear();
   r.todo_next = 0;

@@ -187,6 +187,8 @@ void parse_common(const ojson& body, const ApiContext& ctx, ParsedRequest& p) {
       if (auto f = get_number(*r, "blend_ratio", 0.0, 1.0)) p.opt.reuse.blend_ratio = float(*f);
       if (auto n = get_int(*r, "blend_check_layer", 0, 1 << 10)) p.opt.reuse.blend_check_layer = *n;
       if (auto n = get_int(*r, "blend_run_starts", 0, 1 << 20)) p.opt.reuse.blend_run_starts = *n;
+      if (auto f = get_number(*r, "blend_first_ratio", 0.0, 1.0)) p.opt.reuse.blend_first_ratio = float(*f);
+      if (auto n = get_int(*r, "blend_taper_layers", 1, 1 << 10)) p.opt.reuse.blend_taper_layers = *n;
       if (auto b = get_bool(*r, "store")) p.opt.reuse.store = *b;
     } else {
       bad(std::string("'reuse' must be a string (prefix | none | selective | cacheblend) or an object, got ") +
