@@ -16,6 +16,10 @@
 #   FORMATS   formats to compare (default "bf16 q8_0 q4_0 q4_k_m")
 #   SMOKE=1   quick check of the script itself: PP=16 TG=4 REPS=1 (numbers meaningless)
 #   LOG_DIR   where the raw outputs of both tools go (default: a new mktemp -d directory)
+#   AWQ_DIR   also run ours on this AutoAWQ checkpoint directory (4-bit, same shape) and print it
+#             against llama.cpp's AWQ_VS row (default q4_0: 4.5 bits per weight against AWQ's
+#             4.25 at group 128); make one with kvboost-fixture --quant awq (README, "AWQ 4-bit
+#             checkpoints")
 #
 # What is measured:
 #   llama.cpp: llama-bench -m F -p PP -n TG -t THREADS -r REPS -o md (pp = prompt of PP tokens
@@ -106,7 +110,24 @@ parse_ours() {
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", b / a; else print "n/a" }'; }
 
+awq_dir="${AWQ_DIR:-}"
+awq_vs="${AWQ_VS:-q4_0}"
+if [[ -n "$awq_dir" ]]; then
+  [[ -f "$awq_dir/config.json" ]] || die "AWQ_DIR '$awq_dir' has no config.json"
+  [[ " $formats " == *" $awq_vs "* ]] || die "AWQ_VS '$awq_vs' is not among FORMATS ($formats)"
+fi
+
+# Ours on model $1 (file or directory) into $2; prints "<pp tok/s> <tg tok/s>".
+run_ours() {
+  if ! "$kvboost" bench model -m "$1" --threads "$threads" --runs "$reps" --prefill "$pp" \
+      --decode-context 1 --decode-tokens "$tg" --no-reuse > "$2" 2> "${2%.md}.err"; then
+    echo "compare_llamacpp: kvboost bench model failed on $1 (see ${2%.md}.err)" >&2
+  fi
+  echo "$(parse_ours "$2" "prefill $pp tokens") $(parse_ours "$2" "decode at context 1 ")"
+}
+
 rows=()
+declare -A lpp_of ltg_of
 for f in $formats; do
   g="${file[$f]}"
   mib=$(awk -v s="$(stat -c %s "$g")" 'BEGIN { printf "%.0f", s / 1048576 }')
@@ -117,16 +138,19 @@ for f in $formats; do
   fi
   lpp=$(parse_llama "$lb_log" | awk -v t="pp$pp" '$1 == t { print $2 }')
   ltg=$(parse_llama "$lb_log" | awk -v t="tg$tg" '$1 == t { print $2 }')
+  lpp_of[$f]="${lpp:-}" ltg_of[$f]="${ltg:-}"
   echo "compare_llamacpp: $f: kvboost bench model on $g" >&2
-  kv_log="$log_dir/kvboost-$f.md"
-  if ! "$kvboost" bench model -m "$g" --threads "$threads" --runs "$reps" --prefill "$pp" \
-      --decode-context 1 --decode-tokens "$tg" --no-reuse > "$kv_log" 2> "$log_dir/kvboost-$f.err"; then
-    echo "compare_llamacpp: kvboost bench model failed on $g (see $log_dir/kvboost-$f.err)" >&2
-  fi
-  opp=$(parse_ours "$kv_log" "prefill $pp tokens")
-  otg=$(parse_ours "$kv_log" "decode at context 1 ")
+  read -r opp otg < <(run_ours "$g" "$log_dir/kvboost-$f.md")
   rows+=("| $f | $mib | ${lpp:-n/a} | ${opp:-n/a} | $(ratio "${lpp:-0}" "${opp:-0}") | ${ltg:-n/a} | ${otg:-n/a} | $(ratio "${ltg:-0}" "${otg:-0}") |")
 done
+
+if [[ -n "$awq_dir" ]]; then
+  mib=$(du -sm --apparent-size "$awq_dir" | cut -f1)
+  echo "compare_llamacpp: AWQ: kvboost bench model on $awq_dir" >&2
+  read -r opp otg < <(run_ours "$awq_dir" "$log_dir/kvboost-awq.md")
+  lpp="${lpp_of[$awq_vs]}" ltg="${ltg_of[$awq_vs]}"
+  rows+=("| ours AWQ vs llama.cpp $awq_vs | $mib | ${lpp:-n/a} | ${opp:-n/a} | $(ratio "${lpp:-0}" "${opp:-0}") | ${ltg:-n/a} | ${otg:-n/a} | $(ratio "${ltg:-0}" "${otg:-0}") |")
+fi
 
 build=$(grep -h '^build:' "$log_dir"/llama-bench-*.md 2>/dev/null | head -1 || true)
 echo

@@ -100,67 +100,71 @@ TEST(ForwardBlend, ExactCacheGivesFullPrefillLogitsAtAnyRatio) {
   }
 }
 
+// A 32-token prompt whose cached K/V of positions 10 and 20 are far off in layers l0 and up,
+// with the full prefill's logits; blend() runs CacheBlend over it, every token a candidate.
+struct CorruptedCache {
+  std::unique_ptr<Model> m;
+  std::vector<int32_t> t = tokens(32, 5);
+  std::unique_ptr<KvCache> kv;
+  std::vector<float> logits;
+  CorruptedCache(const std::string& name, int64_t l0) : m(tiny_model(name)) {
+    const ModelConfig& c = m->config();
+    kv = std::make_unique<KvCache>(c, 64);
+    logits.resize(size_t(c.vocab_size));
+    m->forward(t.data(), int64_t(t.size()), *kv, logits.data());
+    const int64_t nkv = c.n_kv_heads * c.head_dim;
+    for (int64_t l = l0; l < c.n_layers; ++l)
+      for (int64_t p : {10, 20})
+        for (int64_t i = 0; i < nkv; ++i) kv->k(l)[p * nkv + i] += 3.0f, kv->v(l)[p * nkv + i] -= 2.0f;
+  }
+  // The blend's logits minus the full prefill's (max abs); stats into *st when given.
+  float blend(BlendOptions bo, BlendStats* st = nullptr) {
+    std::vector<uint8_t> reused(t.size(), 1);
+    KvView v = kv->view();
+    v.n_past = 0;
+    bo.reused = reused.data();
+    std::vector<float> got(logits.size());
+    const BlendStats s = m->forward_blend(t.data(), int64_t(t.size()), v, bo, got.data());
+    if (st) *st = s;
+    return max_diff(got, logits);
+  }
+};
+
 TEST(ForwardBlend, RecomputesTheMostDeviatedTokens) {
-  auto m = tiny_model("fb_blend_dev");
-  const auto& c = m->config();
-  const auto t = tokens(32, 5);
-  KvCache kv(c, 64);
-  std::vector<float> logits(size_t(c.vocab_size));
-  m->forward(t.data(), int64_t(t.size()), kv, logits.data());
-  // corrupt the cached K/V of tokens 10 and 20 in every layer: blend at ratio 2/31 must pick
-  // exactly them and restore the full-prefill logits
-  const int64_t nkv = c.n_kv_heads * c.head_dim;
-  for (int64_t l = 0; l < c.n_layers; ++l)
-    for (int64_t p : {10, 20})
-      for (int64_t i = 0; i < nkv; ++i) kv.k(l)[p * nkv + i] += 3.0f, kv.v(l)[p * nkv + i] -= 2.0f;
-  std::vector<uint8_t> reused(t.size(), 1);
-  KvView v = kv.view();
-  v.n_past = 0;
+  // 10 and 20 wrong in every layer: blend at ratio 2/31 must pick exactly them and restore the
+  // full-prefill logits
+  CorruptedCache x("fb_blend_dev", 0);
   BlendOptions bo;
-  bo.ratio = 2.0f / 31.0f, bo.reused = reused.data();
-  std::vector<float> got(size_t(c.vocab_size));
-  const BlendStats st = m->forward_blend(t.data(), int64_t(t.size()), v, bo, got.data());
+  bo.ratio = 2.0f / 31.0f;
+  BlendStats st;
+  EXPECT_LT(x.blend(bo, &st), 1e-4f);
   EXPECT_EQ(st.n_selected, 2);
-  EXPECT_LT(max_diff(got, logits), 1e-4f);
 }
 
 TEST(ForwardBlend, GradualFilteringFindsTokensThatDeviateOnlyInLaterLayers) {
-  auto m = tiny_model("fb_blend_gradual");
-  const auto& c = m->config();
-  ASSERT_EQ(c.n_layers, 4);
-  const auto t = tokens(32, 6);
-  KvCache kv(c, 64);
-  std::vector<float> logits(size_t(c.vocab_size));
-  m->forward(t.data(), int64_t(t.size()), kv, logits.data());
-  // tokens 10 and 20 are wrong from layer 2 on: the check layer (1) cannot see it
-  const int64_t nkv = c.n_kv_heads * c.head_dim;
-  for (int64_t l = 2; l < c.n_layers; ++l)
-    for (int64_t p : {10, 20})
-      for (int64_t i = 0; i < nkv; ++i) kv.k(l)[p * nkv + i] += 3.0f, kv.v(l)[p * nkv + i] -= 2.0f;
-  std::vector<uint8_t> reused(t.size(), 1);
-  KvView v = kv.view();
-  v.n_past = 0;
+  // 10 and 20 wrong from layer 2 on: the check layer (1) cannot see it
+  CorruptedCache x("fb_blend_gradual", 2);
+  ASSERT_EQ(x.m->config().n_layers, 4);
   BlendOptions bo;
-  bo.ratio = 2.0f / 31.0f, bo.reused = reused.data();
-  std::vector<float> got(size_t(c.vocab_size));
-  // one selection at the check layer: no deviation there, the ties pick tokens 0 and 1
-  m->forward_blend(t.data(), int64_t(t.size()), v, bo, got.data());
-  EXPECT_GT(max_diff(got, logits), 1e-3f);
-  // (it recomputed tokens 0, 1 and 31 from layer 2 on: 10 and 20 are still wrong there)
+  bo.ratio = 2.0f / 31.0f;
+  // one selection at the check layer: no deviation there, the ties pick tokens 0 and 1 (and
+  // recompute them with the last token from layer 2 on: 10 and 20 stay wrong there)
+  EXPECT_GT(x.blend(bo), 1e-3f);
   // gradual: all 31 candidates at layer 1, narrowed to 2 at layer 2 by layer 2's deviation
   bo.first_ratio = 1.0f, bo.taper_layers = 1;
-  const BlendStats st = m->forward_blend(t.data(), int64_t(t.size()), v, bo, got.data());
-  EXPECT_LT(max_diff(got, logits), 1e-4f);
+  BlendStats st;
+  EXPECT_LT(x.blend(bo, &st), 1e-4f);
   EXPECT_EQ(st.n_selected, 2);
   EXPECT_EQ(st.n_rows_late, 3);
-  EXPECT_EQ(st.n_row_layers, 32 + 3 * (c.n_layers - 2));
-  // halfway taper over 2 layers: 31 at layer 1, 16 at layer 2 (31 - 29/2, rounded down), 2 at 3
+  EXPECT_EQ(st.n_row_layers, 32 + 3 * 2);
+  // (that repaired x's cache) taper over 2 layers: 31 at layer 1, 16 at layer 2 (2 + 29/2
+  // rounded down), 2 at layer 3
+  CorruptedCache y("fb_blend_gradual2", 2);
   bo.taper_layers = 2;
-  const BlendStats st2 = m->forward_blend(t.data(), int64_t(t.size()), v, bo, got.data());
-  EXPECT_EQ(st2.n_row_layers, 32 + (2 + (31 - 2) / 2 + 1) + 3);
-  EXPECT_LT(max_diff(got, logits), 1e-4f);
+  EXPECT_LT(y.blend(bo, &st), 1e-4f);
+  EXPECT_EQ(st.n_row_layers, 32 + (2 + 29 / 2 + 1) + 3);
   bo.first_ratio = 1.5f;
-  EXPECT_THROW(m->forward_blend(t.data(), int64_t(t.size()), v, bo, got.data()), Error);
+  EXPECT_THROW(y.blend(bo), Error);
 }
 
 }  // namespace
