@@ -225,6 +225,14 @@ std::vector<std::vector<float>> run_all(const Model& m) {
   const BlendStats st = m.forward_blend(a.data(), 8, kc.view(), bo, lbl.data());
   out.push_back(lbl);
   out.push_back({float(st.n_selected), float(st.n_rows_late)});
+  // Gradual filtering: each layer is acquired once while the rows narrow over two layers.
+  KvCache kd(c, 64);
+  m.forward(b.data(), int64_t(b.size()), kd, lg.data());
+  kd.truncate(3);
+  bo.first_ratio = 0.9f, bo.taper_layers = 2;
+  const BlendStats sg = m.forward_blend(a.data(), 8, kd.view(), bo, lbl.data());
+  out.push_back(lbl);
+  out.push_back({float(sg.n_selected), float(sg.n_row_layers)});
   return out;
 }
 
@@ -259,10 +267,11 @@ TEST_P(StreamedModel, TwoAndThreeLayerBudgetsGiveBitIdenticalLogits) {
     EXPECT_EQ(si.n_slots, n);
     expect_identical(run_all(*m), want);
     const Model::StreamInfo after = m->stream_info();
-    // prefill, 3 decode steps, batch, the blend's plain prefill, the blend = 7 passes
-    EXPECT_EQ(after.passes, 7u);
-    EXPECT_GE(after.bytes_read, 7 * si.pass_bytes);
-    EXPECT_LE(after.bytes_read, 7 * si.pass_bytes + uint64_t(n) * slot);
+    // prefill, 3 decode steps, batch, two blends each after its plain prefill = 9 passes (a
+    // gradual blend reads every layer once too)
+    EXPECT_EQ(after.passes, 9u);
+    EXPECT_GE(after.bytes_read, 9 * si.pass_bytes);
+    EXPECT_LE(after.bytes_read, 9 * si.pass_bytes + uint64_t(n) * slot);
   }
   // A budget that holds every layer keeps the model resident.
   LoadOptions all;
