@@ -526,6 +526,10 @@ TEST(Server, BadInputCatalog) {
       {"presence_penalty out of range", "/v1/completions", comp({{"presence_penalty", 2.5}}), 400, "presence_penalty"},
       {"frequency_penalty a string", "/v1/completions", comp({{"frequency_penalty", "x"}}), 400, "frequency_penalty"},
       {"unknown reuse mode", "/v1/completions", comp({{"reuse", "bogus"}}), 400, "reuse"},
+      {"reuse blend_first_ratio above one", "/v1/completions",
+       comp({{"reuse", {{"mode", "cacheblend"}, {"blend_first_ratio", 1.5}}}}), 400, "blend_first_ratio"},
+      {"reuse blend_taper_layers zero", "/v1/completions",
+       comp({{"reuse", {{"mode", "cacheblend"}, {"blend_taper_layers", 0}}}}), 400, "blend_taper_layers"},
       {"segments not strings", "/v1/completions", comp({{"segments", {1}}}), 400, "segments"},
       {"cache_salt a number", "/v1/completions", comp({{"cache_salt", 1}}), 400, "cache_salt"},
       {"unknown model", "/v1/completions", comp({{"model", "gpt-4"}}), 404, "model"},
@@ -716,6 +720,12 @@ TEST(Server, WarmThenHitAndSegments) {
   const Tokenizer& tok = tiny_engine().tokenizer();
   const size_t expect = tok.encode(doc1).size() + tok.encode(doc2, false).size() + tok.encode(" Question?", false).size();
   EXPECT_EQ(body_of(sr)["usage"]["prompt_tokens"], int64_t(expect));
+  // The same documents in the other order, repaired by a gradual cacheblend given in full.
+  seg["segments"] = {doc2, doc1};
+  seg["reuse"] = {{"mode", "cacheblend"}, {"blend_ratio", 0.2}, {"blend_first_ratio", 0.6}, {"blend_taper_layers", 2}};
+  HttpResponse br = s.post("/v1/completions", seg);
+  ASSERT_EQ(br.status, 200) << br.body;
+  EXPECT_GT(body_of(br)["kvboost"]["recomputed_tokens"].get<int64_t>(), 0) << br.body;
   // Warm a chat conversation too.
   json wc{{"model", "tiny"}, {"messages", json::array({{{"role", "user"}, {"content", long_prompt(30)}}})}};
   EXPECT_EQ(s.post("/v1/warm", wc).status, 200);
