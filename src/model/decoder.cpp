@@ -836,12 +836,16 @@ BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& 
       const int64_t p = kv.n_past + tok[r];
       const float* ck = slot_ptr(kv.k_pools[l], kv.block_table, bs, p, nkv);
       const float* cv = slot_ptr(kv.v_pools[l], kv.block_table, bs, p, nkv);
-      double d = 0;
+      // Relative to the fresh vectors' size, K and V each: a token whose small K/V changed
+      // by half ranks above one whose large K/V moved by a tenth (Gemma 3 RAG: KL -26% against
+      // the absolute squared distance, README "Chunk reuse").
+      double dk2 = 0, dv2 = 0, k2 = 0, v2 = 0;
       for (int64_t i = 0; i < nkv; ++i) {
-        const double dk = double(k[int64_t(r) * nkv + i]) - ck[i], dv = double(v[int64_t(r) * nkv + i]) - cv[i];
-        d += dk * dk + dv * dv;
+        const double kk = k[int64_t(r) * nkv + i], vv = v[int64_t(r) * nkv + i];
+        const double dk = kk - ck[i], dv = vv - cv[i];
+        dk2 += dk * dk, dv2 += dv * dv, k2 += kk * kk, v2 += vv * vv;
       }
-      dev[r] = float(d);
+      dev[r] = float(dk2 / std::max(k2, 1e-30) + dv2 / std::max(v2, 1e-30));
     }
   };
   st.n_full_layers = check;
