@@ -211,7 +211,7 @@ struct SeqBatch {
 struct BlendOptions {
   int64_t check_layer = 1;   // layers below it recompute every token; K/V of all at check_layer
   float ratio = 0.15f;       // fraction of the reused tokens recomputed after check_layer
-  // Gradual filtering (CacheBlend section 4.2): first_ratio > ratio selects that fraction at the
+  // Gradual filtering (the CacheBlend paper's): first_ratio > ratio selects that fraction at the
   // check layer, and each of the next taper_layers layers re-ranks the survivors by their own
   // K/V deviation there and keeps fewer, down to `ratio` from check_layer + taper_layers on.
   // first_ratio <= ratio: one selection at the check layer.

@@ -89,7 +89,7 @@ struct ReusePolicy {
   // cacheblend gradual filtering: select this fraction at the check layer, then narrow to
   // blend_ratio over the next blend_taper_layers layers, each ranking the survivors by its own
   // K/V deviation. <= blend_ratio: one selection at the check layer. 0.5 halves the KL of
-  // Gemma 3 270M's RAG first token against 0.15 at ~12% more TTFT (README, "Chunk reuse").
+  // Gemma 3 270M's RAG first token against 0.15 at ~12% more TTFT (README, "Chunk-level KV reuse").
   float blend_first_ratio = 0.5f;
   int64_t blend_taper_layers = 1;
   bool store = true;            // store computed chunks and blocks for later requests (false:
