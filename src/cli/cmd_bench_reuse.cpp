@@ -132,6 +132,25 @@ const std::vector<Mode> kModes = {{"full prefill", false, ReuseMode::kPrefixOnly
                                   {"selective", true, ReuseMode::kSelective},
                                   {"cacheblend", true, ReuseMode::kCacheBlend}};
 
+// "--modes" (comma-separated names: prefix, none, selective, cacheblend) -> kModes indices, the
+// full prefill first; an unknown name is an Error naming it and the choices.
+std::vector<size_t> parse_modes(const std::string& list) {
+  std::vector<size_t> out = {0};
+  size_t a = 0;
+  while (a < list.size()) {
+    const size_t b = std::min(list.find(',', a), list.size());
+    const std::string name = list.substr(a, b - a);
+    a = b + 1;
+    if (name.empty()) continue;
+    size_t m = 1;
+    while (m < kModes.size() && kModes[m].name != name && kModes[m].name != "chunk " + name) ++m;
+    if (m == kModes.size()) fail("--modes: unknown mode '", name, "' (choices: prefix, none, selective, cacheblend)");
+    if (std::find(out.begin(), out.end(), m) == out.end()) out.push_back(m);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 struct Row {
   std::vector<double> ttft, ratio;
   std::vector<Quality> q;
@@ -149,10 +168,11 @@ double top_gap(const std::vector<float>& l) {
 
 // One prompt in every mode: first-token logits and TTFT. Nothing is stored (store = false), so
 // every mode sees the same cache state.
+// `modes`: indices into kModes, the full prefill (0, the reference) first.
 void run_modes(Engine& e, const std::vector<int32_t>& ids, const std::vector<int64_t>& segs, std::vector<Row>& rows,
-               size_t n_modes, const ReusePolicy& repair) {
+               const std::vector<size_t>& modes, const ReusePolicy& repair) {
   std::vector<float> ref;
-  for (size_t m = 0; m < n_modes; ++m) {
+  for (size_t m : modes) {
     GenerateOptions o;
     o.max_new_tokens = 1;
     o.ignore_eos = true;
@@ -173,9 +193,9 @@ void run_modes(Engine& e, const std::vector<int32_t>& ids, const std::vector<int
   }
 }
 
-void print_rows(const char* scenario, const std::vector<Row>& rows, size_t n_modes) {
+void print_rows(const char* scenario, const std::vector<Row>& rows, const std::vector<size_t>& modes) {
   const double base = median(rows[0].ttft);
-  for (size_t m = 0; m < n_modes; ++m) {
+  for (size_t m : modes) {
     Quality q;
     for (const auto& x : rows[m].q) q.cosine += x.cosine, q.kl += x.kl, q.top1 += x.top1;
     const double n = double(rows[m].q.size());
@@ -187,7 +207,7 @@ void print_rows(const char* scenario, const std::vector<Row>& rows, size_t n_mod
   // a disagreement at a gap of 0.05 is a near-tie flipped, one at 2.0 is a real error.
   std::printf("\n%s: full prefill's top-1 lead over the runner-up (logits): median %.3f, min %.3f", scenario,
               median(rows[0].gap), rows[0].gap.empty() ? 0.0 : *std::min_element(rows[0].gap.begin(), rows[0].gap.end()));
-  for (size_t m = 1; m < n_modes; ++m) {
+  for (size_t m : modes) {
     std::string where;
     for (size_t i = 0; i < rows[m].q.size(); ++i)
       if (rows[m].q[i].top1 == 0) where += (where.empty() ? "" : ", ") + std::to_string(rows[m].gap[i]).substr(0, 5);
@@ -205,11 +225,14 @@ struct Args {
   double chat_sys = 0.25;  // share of the coding system prompt that opens the chat
   std::string quant = "f32";
   std::string corpus;  // files of real text (comma-separated); empty: generated prose
+  std::string modes = "prefix,none,selective,cacheblend";  // beside the full prefill, always run
   ReusePolicy repair;  // repair parameters (the mode is set per row)
   uint64_t seed = 1;
 };
 
 void run_bench(const Args& a) {
+  const std::vector<size_t> modes = parse_modes(a.modes);
+  const std::vector<size_t> coding_modes = parse_modes(a.modes.find("prefix") != std::string::npos ? "prefix" : "");
   EngineOptions eo;
   eo.chunk_size = a.chunk;
   eo.chunk_store.quant = kv::parse_kv_quant(a.quant);
@@ -243,8 +266,8 @@ void run_bench(const Args& a) {
     std::vector<Row> rows(2);
     std::vector<int32_t> warm = tok.encode(sys + "\nQuestion: " + text(20), true);
     e->warm(warm);
-    for (int i = 0; i < a.runs; ++i) run_modes(*e, tok.encode(sys + "\nQuestion: " + text(25), true), {}, rows, 2, a.repair);
-    print_rows("coding", rows, 2);
+    for (int i = 0; i < a.runs; ++i) run_modes(*e, tok.encode(sys + "\nQuestion: " + text(25), true), {}, rows, coding_modes, a.repair);
+    print_rows("coding", rows, coding_modes);
   }
   if (has("rag")) {  // 2: documents in random order from a pool
     std::vector<std::vector<int32_t>> pool;
@@ -279,9 +302,9 @@ void run_bench(const Args& a) {
       const auto q = tok.encode("\nQuestion: " + question + "\nAnswer:", false);
       ids.insert(ids.end(), q.begin(), q.end());
       if (i == 0) std::fprintf(stderr, "rag prompt: %zu tokens\n", ids.size());
-      run_modes(*e, ids, segs, rows, kModes.size(), a.repair);
+      run_modes(*e, ids, segs, rows, modes, a.repair);
     }
-    print_rows("rag", rows, kModes.size());
+    print_rows("rag", rows, modes);
   }
   if (has("chat")) {  // 3: history grows each turn; each turn's answer is generated
     std::string hist = sys.substr(0, size_t(double(sys.size()) * std::clamp(a.chat_sys, 0.0, 1.0)));
@@ -339,6 +362,9 @@ void add_bench_reuse(CLI::App* bench) {
   c->add_option("--chunk", a->chunk, "Chunk size in tokens")->capture_default_str();
   c->add_option("--seed", a->seed, "Text generator seed")->capture_default_str();
   c->add_option("--kv-quant", a->quant, "Stored chunk K/V: f32 | int8 | int4")->capture_default_str();
+  c->add_option("--modes", a->modes,
+                 "Comma-separated subset of prefix,none,selective,cacheblend (the full prefill, the reference, always runs)")
+      ->capture_default_str();
   add_repair_options(c, a->repair);
   c->add_option("--corpus", a->corpus,
                 "Real text for the prompts: comma-separated text files (e.g. /usr/share/common-licenses/GPL-3); "

@@ -226,6 +226,19 @@ TEST(Cli, BenchReuseReadsACorpus) {
   EXPECT_NE(r.out.find("cacheblend 25% by layer 2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("| rag | cacheblend |"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("text.txt"), std::string::npos) << r.out;
+  // --modes: only the named modes beside the full prefill; an unknown name is refused by name.
+  r = run("bench reuse --model " + stories() + " --scenarios rag,coding --runs 1 --docs 2 --pool 3 --doc-words 20 " +
+          "--sys-words 30 --chunk 32 --modes none,cacheblend --corpus " + dir + "/text.txt");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("| rag | full prefill |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| rag | chunk none |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| rag | cacheblend |"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("| rag | selective |"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("| rag | prefix |"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("| coding | prefix |"), std::string::npos) << r.out;
+  r = run("bench reuse --model " + stories() + " --scenarios rag --runs 1 --modes none,blend --corpus " + dir + "/text.txt");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("unknown mode 'blend'"), std::string::npos) << r.err;
   r = run("bench reuse --model " + stories() + " --scenarios rag --runs 1 --corpus " + dir + "/short.txt");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("short.txt: 4 words"), std::string::npos) << r.err;
