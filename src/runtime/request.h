@@ -43,6 +43,12 @@ struct Request::State {
   // Positions below exact_limit hold exactly the K/V a full prefill computes; only those blocks
   // may become prefix-cache entries.
   int64_t exact_limit = INT64_MAX;
+  // Positions below context_limit hold K/V computed after the same tokens at the same positions:
+  // exact, or read from stored chunks that were (a quantized store's prefix hits: lossy, but in
+  // their own context). Chunks computed below it are stored under prefix keys; beyond the first
+  // content hit (K/V from another context) only under content keys. Equal to exact_limit when
+  // the store keeps f32.
+  int64_t context_limit = INT64_MAX;
   std::vector<float> logits;       // [vocab]
   std::vector<float> raw_logits;   // [vocab] copy before sampling (GenerateOptions::logprobs)
   // Chunk plan of the prompt (reuse.cpp): spans, keys, and where each chunk's K/V came from.

@@ -124,6 +124,12 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
   // Without approximate positions everything computed after the prompt (the generated tokens)
   // is exact too, and may become prefix-cache entries: the next chat turn reuses the answer.
   r.exact_limit = first_approx < n ? first_approx : INT64_MAX;
+  r.context_limit = INT64_MAX;
+  for (size_t i = 0; i < r.chunks.size(); ++i)
+    if (r.chunk_src[i] == Src::kStoreContent) {
+      r.context_limit = std::max(r.chunks[i].begin, n_cached);
+      break;
+    }
   std::vector<uint8_t> compute(size_t(n), 0);
   for (int64_t p = frontier; p < n; ++p) compute[size_t(p)] = state[size_t(p)] == 0;  // new tokens
   compute[size_t(n - 1)] = 1;
@@ -183,9 +189,9 @@ void Engine::store_chunks(Request::State& r) {
   for (size_t i = 0; i < r.chunks.size(); ++i) {
     const auto& ch = r.chunks[i];
     if (r.chunk_src[i] == Src::kStoreContent || r.chunk_src[i] == Src::kStorePrefix) continue;
-    const bool exact = ch.end <= r.exact_limit;
+    const bool exact = ch.end <= r.context_limit;
     kv::ChunkKeys keys = r.chunk_keys[i];
-    if (!exact) keys.prefix = keys.check = 0;  // computed after approximate K/V: content only
+    if (!exact) keys.prefix = keys.check = 0;  // computed after K/V of another context: content only
     if (exact ? chunks_->contains_prefix(keys.prefix) : chunks_->contains_content(keys.content)) {
       if (!r.opt.reuse.pin) continue;
     }

@@ -119,6 +119,33 @@ TEST(Reuse, CacheBlendRunStartsShareTheBudget) {
   EXPECT_GT(e->verify_correctness(ids, o, 4).mean_cosine(), 0.999999);
 }
 
+// A quantized store's prefix hits are lossy but in their own context: a document computed after
+// one (the system prompt) is stored under its prefix key too, so a later prompt with the same
+// beginning reuses the document in prefix mode, and selective repair leaves it alone.
+TEST(Reuse, QuantizedStoreKeepsPrefixKeysAfterALossyHit) {
+  KVBOOST_REQUIRE_PATH(stories());
+  for (kv::KvQuant q : {kv::KvQuant::kF32, kv::KvQuant::kInt8, kv::KvQuant::kInt4}) {
+    SCOPED_TRACE(int(q));
+    EngineOptions eo = opts();
+    eo.chunk_store.quant = q;
+    auto e = Engine::load(stories(), eo);
+    std::vector<int64_t> s0, segs;
+    const std::vector<int32_t> first = build(*e, {0}, &s0), second = build(*e, {1}, &segs);
+    const int64_t doc_end = segs[1];  // system prompt + document 1
+    e->warm(std::vector<int32_t>(first.begin(), first.begin() + s0[1]), {s0[0]});
+    e->warm(std::vector<int32_t>(second.begin(), second.begin() + doc_end), {segs[0]});
+    GenerateOptions o;
+    o.max_new_tokens = 1;
+    o.segment_starts = segs;
+    o.reuse.mode = ReuseMode::kPrefixOnly;
+    o.reuse.store = false;
+    const GenerateResult r = e->generate_ids(second, o);
+    EXPECT_GE(r.n_reused, doc_end) << "document 1 computed after the system prompt's hit is a prefix hit";
+    o.reuse.mode = ReuseMode::kSelective;
+    EXPECT_EQ(e->generate_ids(second, o).n_recomputed, 0) << "nothing reused from another context: no repair";
+  }
+}
+
 TEST(Reuse, ExactHitsSurviveARestartThroughTheDiskTier) {
   KVBOOST_REQUIRE_PATH(stories());
   const std::string dir = test::make_temp_dir("reuse_disk");
