@@ -102,6 +102,8 @@ struct ReusePolicy {
 // alternatives at that step.
 struct TokenLogprob {
   int32_t id = 0;
+  int32_t prev = -1;  // the id before it (the prompt's last or the previous output; -1: none):
+                      // its text in context keeps a SentencePiece leading space
   float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top;  // (id, logprob), most likely first
 };

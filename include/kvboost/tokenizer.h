@@ -48,10 +48,16 @@ class Tokenizer {
 
 // Incremental detokenization for streaming: push ids one at a time and get back the text
 // that became final. Never returns part of a UTF-8 character; the concatenation of all
-// returns plus finish() equals tokenizer.decode(all ids).
+// returns plus finish() equals tokenizer.decode(all ids) — or, after set_context(prompt), the
+// text the ids add after the prompt: decode(prompt + ids) minus decode(prompt). That keeps a
+// SentencePiece token's leading space, which decode(ids) alone strips ("Once upon a" + " time",
+// not "time"), as OpenAI-style servers return a continuation.
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tok, bool skip_special = true);
+  // The ids that precede the first push (their last few are kept as decoding context). Call
+  // before the first push; ignored when the prompt's tail ends inside a UTF-8 character.
+  void set_context(const std::vector<int32_t>& prompt);
   std::string push(int32_t id);
   std::string finish();  // whatever is still held back
 

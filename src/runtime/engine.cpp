@@ -232,6 +232,7 @@ void Engine::after_logits(Request::State& r, float* logits) {
                                                                   : r.sampler.sample(logits, cfg.vocab_size, r.history, r.prompt.size());
   if (r.opt.logprobs >= 0) {
     TokenLogprob lp = token_logprob(r.raw_logits.data(), cfg.vocab_size, tok, r.opt.logprobs);
+    lp.prev = r.history.empty() ? -1 : r.history.back();  // (tok joins the history below)
     if (r.opt.on_logprob) r.opt.on_logprob(lp);
     std::lock_guard<std::mutex> lock(r.mu);
     r.res.logprobs.push_back(std::move(lp));

@@ -508,7 +508,16 @@ ojson kvboost_json(const GenerateResult& r) {
 namespace {
 // A token's text as the client sees it, and its bytes (a byte-level token may hold part of a
 // UTF-8 character: then the text has U+FFFD where the bytes are incomplete, and `bytes` is exact).
-std::string token_text(const Tokenizer& tok, int32_t id) { return tok.decode({id}, false); }
+// A token's text as it reads after `prev` (decode(prev, id) minus decode(prev)), so that the
+// tokens of a completion join to its text: decode({id}) alone strips a SentencePiece token's
+// leading space. Falls back to decode({id}) where the two decodes do not extend each other
+// (a UTF-8 character split across the pair).
+std::string token_text(const Tokenizer& tok, int32_t prev, int32_t id) {
+  if (prev < 0) return tok.decode({id}, false);
+  const std::string a = tok.decode({prev}, false), b = tok.decode({prev, id}, false);
+  if (b.size() >= a.size() && b.compare(0, a.size(), a) == 0) return b.substr(a.size());
+  return tok.decode({id}, false);
+}
 
 ojson bytes_json(const std::string& s) {
   ojson b = ojson::array();
@@ -540,14 +549,14 @@ ojson logprobs_json(const std::vector<TokenLogprob>& lps, bool chat, const Token
   if (chat) {
     ojson content = ojson::array();
     for (const TokenLogprob& t : lps) {
-      const std::string s = token_text(tok, t.id);
+      const std::string s = token_text(tok, t.prev, t.id);
       ojson e;
       e["token"] = valid_utf8(s);
       e["logprob"] = t.logprob;
       e["bytes"] = bytes_json(s);
       ojson top = ojson::array();
       for (const auto& [id, lp] : t.top) {
-        const std::string ts = token_text(tok, id);
+        const std::string ts = token_text(tok, t.prev, id);
         top.push_back(ojson{{"token", valid_utf8(ts)}, {"logprob", lp}, {"bytes", bytes_json(ts)}});
       }
       e["top_logprobs"] = top;
@@ -560,14 +569,14 @@ ojson logprobs_json(const std::vector<TokenLogprob>& lps, bool chat, const Token
   }
   ojson tokens = ojson::array(), token_lps = ojson::array(), tops = ojson::array(), offsets = ojson::array();
   for (const TokenLogprob& t : lps) {
-    const std::string s = token_text(tok, t.id);
+    const std::string s = token_text(tok, t.prev, t.id);
     tokens.push_back(valid_utf8(s));
     token_lps.push_back(t.logprob);
     offsets.push_back(text_offset);
     text_offset += s.size();
     // OpenAI: the top alternatives, plus the sampled token when it is not among them.
     ojson top = ojson::object();
-    for (const auto& [id, lp] : t.top) top[valid_utf8(token_text(tok, id))] = lp;
+    for (const auto& [id, lp] : t.top) top[valid_utf8(token_text(tok, t.prev, id))] = lp;
     if (!top.contains(valid_utf8(s))) top[valid_utf8(s)] = t.logprob;
     tops.push_back(top);
   }

@@ -17,6 +17,17 @@ bool ends_with(const std::string& s, std::string_view suf) {
 
 StreamDecoder::StreamDecoder(const Tokenizer& tok, bool skip_special) : tok_(&tok), skip_special_(skip_special) {}
 
+void StreamDecoder::set_context(const std::vector<int32_t>& prompt) {
+  if (!ids_.empty() || prompt.empty()) return;
+  // A few ids suffice: the difference depends only on the decoder state at the boundary.
+  const size_t n = std::min<size_t>(prompt.size(), 4);
+  std::vector<int32_t> tail(prompt.end() - std::ptrdiff_t(n), prompt.end());
+  if (ends_with(tok_->impl_->decode(tail.data(), tail.size(), skip_special_), kReplacement)) return;
+  ids_ = std::move(tail);
+  prefix_offset_ = 0;
+  read_offset_ = ids_.size();
+}
+
 std::string StreamDecoder::push(int32_t id) {
   ids_.push_back(id);
   const Tokenizer::Impl& impl = *tok_->impl_;

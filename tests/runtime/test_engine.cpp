@@ -28,7 +28,13 @@ TEST(Engine, Stories260KStoryStreamsExactly) {
     std::vector<int32_t> got(r.output_ids.begin(), r.output_ids.begin() + std::min(r.output_ids.size(), want.size()));
     EXPECT_EQ(got, want);
     EXPECT_EQ(streamed, r.text);
-    EXPECT_EQ(r.text, e->tokenizer().decode(want, true).substr(0, r.text.size()));
+    // The text continues the prompt: decode(prompt + output) minus decode(prompt), which keeps
+    // the first token's leading space (decode(want) alone strips it).
+    std::vector<int32_t> all = r.prompt_ids;
+    all.insert(all.end(), want.begin(), want.end());
+    const std::string head = e->tokenizer().decode(r.prompt_ids, true), full = e->tokenizer().decode(all, true);
+    ASSERT_EQ(full.rfind(head, 0), 0u);
+    EXPECT_EQ(r.text, full.substr(head.size(), r.text.size()));
     EXPECT_GT(r.ttft_ms, 0);
   }
   GenerateOptions opt;

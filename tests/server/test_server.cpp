@@ -787,6 +787,18 @@ TEST(Server, Stories260kHasNoChatTemplate) {
   HttpResponse r = s.post("/v1/completions", json{{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}});
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_FALSE(body_of(r)["choices"][0]["text"].get<std::string>().empty());
+  // A SentencePiece model's completion continues the prompt: "Once upon a" + " time", with the
+  // space (decode of the generated ids alone strips it), and the logprob tokens join to the text.
+  r = s.post("/v1/completions", json{{"model", "stories260K"}, {"prompt", "Once upon a"}, {"max_tokens", 6},
+                                     {"temperature", 0}, {"logprobs", 2}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json b = body_of(r);
+  const std::string text = b["choices"][0]["text"];
+  EXPECT_EQ(text.rfind(" time", 0), 0u) << text;
+  std::string joined;
+  for (const auto& t : b["choices"][0]["logprobs"]["tokens"]) joined += t.get<std::string>();
+  EXPECT_EQ(joined, text);
+  EXPECT_TRUE(b["choices"][0]["logprobs"]["top_logprobs"][0].contains(" time")) << b.dump();
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // StreamDecoder: never emits half a UTF-8 character; concatenation equals decode(all).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -96,4 +97,39 @@ TEST(TokenizerStream, ByteLevelSplitCharacters) {
   EXPECT_EQ(sd.push(*t.token_to_id("Hi")), "Hi");
   EXPECT_EQ(sd.push(*t.token_to_id("\xc3\xa4")), "");
   EXPECT_EQ(sd.finish(), "\xEF\xBF\xBD");
+}
+
+// A continuation after set_context(prompt): the text the ids add after the prompt, so a
+// SentencePiece token keeps its leading space ("Once upon a" + " time"; decode(ids) alone strips
+// it), whole characters only, and the byte-level tokenizer's text is unchanged by it.
+TEST(TokenizerStream, ContinuationOfAPromptKeepsTheLeadingSpace) {
+  const std::string dir = kvboost::test::shared_path("models/stories260K");
+  KVBOOST_REQUIRE_PATH(dir + "/tokenizer.json");
+  Tokenizer t = Tokenizer::from_dir(dir);
+  for (const char* s : {"Once upon a time, there was a little girl.", "Hi 😀 and 中 ok", " x\n\n  y"}) {
+    const std::vector<int32_t> all = t.encode(std::string("The story: ") + s);
+    const std::vector<int32_t> prompt = t.encode("The story:");
+    ASSERT_TRUE(std::equal(prompt.begin(), prompt.end(), all.begin()));  // (this split is a token boundary)
+    StreamDecoder sd(t);
+    sd.set_context(prompt);
+    std::string got;
+    for (size_t i = prompt.size(); i < all.size(); ++i) {
+      const std::string piece = sd.push(all[i]);
+      EXPECT_TRUE(is_complete_utf8(piece)) << s;
+      got += piece;
+    }
+    got += sd.finish();
+    EXPECT_EQ(t.decode(prompt) + got, t.decode(all)) << s;
+    EXPECT_EQ(got.substr(0, 1), " ") << s;  // decode(generated ids) alone would start without it
+  }
+  const std::string q = kvboost::test::shared_path("tokenizers/qwen2.5");
+  KVBOOST_REQUIRE_PATH(q + "/tokenizer.json");
+  Tokenizer b = Tokenizer::from_dir(q);
+  const std::vector<int32_t> prompt = b.encode("<|im_start|>assistant\n", false), out = b.encode("Hi 😀 there", false);
+  StreamDecoder sd(b);
+  sd.set_context(prompt);
+  std::string got;
+  for (int32_t id : out) got += sd.push(id);
+  got += sd.finish();
+  EXPECT_EQ(got, b.decode(out));
 }
