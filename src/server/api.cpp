@@ -506,12 +506,11 @@ ojson kvboost_json(const GenerateResult& r) {
 }
 
 namespace {
-// A token's text as the client sees it, and its bytes (a byte-level token may hold part of a
-// UTF-8 character: then the text has U+FFFD where the bytes are incomplete, and `bytes` is exact).
-// A token's text as it reads after `prev` (decode(prev, id) minus decode(prev)), so that the
-// tokens of a completion join to its text: decode({id}) alone strips a SentencePiece token's
-// leading space. Falls back to decode({id}) where the two decodes do not extend each other
-// (a UTF-8 character split across the pair).
+// A token's text as the client sees it: as it reads after `prev` (decode(prev, id) minus
+// decode(prev)), so that the tokens of a completion join to its text (decode({id}) alone strips
+// a SentencePiece token's leading space); decode({id}) where the two decodes do not extend each
+// other (a UTF-8 character split across the pair). A byte-level token may hold part of a UTF-8
+// character: then the text has U+FFFD where the bytes are incomplete.
 std::string token_text(const Tokenizer& tok, int32_t prev, int32_t id) {
   if (prev < 0) return tok.decode({id}, false);
   const std::string a = tok.decode({prev}, false), b = tok.decode({prev, id}, false);
