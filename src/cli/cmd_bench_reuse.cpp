@@ -232,7 +232,9 @@ struct Args {
 
 void run_bench(const Args& a) {
   const std::vector<size_t> modes = parse_modes(a.modes);
-  const std::vector<size_t> coding_modes = parse_modes(a.modes.find("prefix") != std::string::npos ? "prefix" : "");
+  std::vector<size_t> coding_modes;  // the coding scenario has the full prefill and prefix rows only
+  for (size_t m : modes)
+    if (m <= 1) coding_modes.push_back(m);
   EngineOptions eo;
   eo.chunk_size = a.chunk;
   eo.chunk_store.quant = kv::parse_kv_quant(a.quant);
