@@ -92,6 +92,15 @@ struct ReusePolicy {
   // Gemma 3 270M's RAG first token against 0.15 at ~12% more TTFT (README, "Chunk-level KV reuse").
   float blend_first_ratio = 0.5f;
   int64_t blend_taper_layers = 1;
+  // Guard (none, selective, cacheblend): when the prompt's K/V were partly approximate (chunks
+  // computed in another context, or read back from a quantized store) and the first token's top
+  // logit leads the runner-up by less than this many logits, the approximate part is recomputed
+  // exactly before that token is sampled: a near-tie the approximation could flip gets the full
+  // prefill's answer (and K/V), at the cost of that prefill. 0: off. Under cacheblend every first
+  // token that changed led by < 0.09 logits as the reuse saw it (Gemma 3 270M, 48 RAG prompts;
+  // stories260K, 200), so 0.1 recomputes those close calls (21% / 6% of the prompts) and leaves
+  // the rest approximate (README, "Chunk-level KV reuse: the guard").
+  float guard_lead = 0.1f;
   bool store = true;            // store computed chunks and blocks for later requests (false:
                                 // the request leaves no trace in any cache)
   bool pin = false;             // stored chunks stay in RAM (Engine::warm)
@@ -148,6 +157,10 @@ struct GenerateResult {
   int64_t n_recomputed = 0;            // reused tokens recomputed anyway (seam repair)
   int64_t n_new = 0;                   // prompt tokens found in no cache
   int64_t n_preempted = 0;             // times the request lost its KV memory and was resumed
+  bool guarded = false;                // ReusePolicy::guard_lead tripped: the approximate K/V were
+                                       // recomputed exactly (n_recomputed counts them)
+  float first_lead = 0;                // the first token's top logit minus the runner-up's, as
+                                       // the guard saw it (approximate prompts only)
   double ttft_ms = 0;                  // prompt in -> first token sampled
   double prefill_ms = 0;
   double decode_ms = 0;                // after the first token
@@ -271,6 +284,7 @@ class Engine {
     double mean_cosine() const, mean_kl() const, top1_rate() const;
     double ttft_full_ms = 0, ttft_reuse_ms = 0;
     int64_t n_reused = 0, n_recomputed = 0, n_prompt = 0;
+    bool guarded = false;  // the reuse run's guard recomputed the prompt (ReusePolicy::guard_lead)
   };
   Agreement verify_correctness(const std::vector<int32_t>& ids, const GenerateOptions& reuse_opt, int n_tokens = 8);
   std::vector<Agreement> verify_correctness(const std::vector<std::vector<int32_t>>& prompts,
@@ -300,6 +314,7 @@ class Engine {
   // reuse.cpp: chunk lookups at admission, and storing computed chunks after the prefill.
   void plan_reuse(Request::State& r, int64_t n_cached);
   void store_chunks(Request::State& r);
+  bool guard_trips(Request::State& r);
   kv::SeqId next_seq_ = 1;
 };
 

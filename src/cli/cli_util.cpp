@@ -111,6 +111,10 @@ void add_repair_options(CLI::App* c, ReusePolicy& p) {
                 "cacheblend gradual filtering: layers after the check layer over which the selection narrows")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  c->add_option("--guard-lead", p.guard_lead,
+                "Recompute an approximate prompt in full when its first token leads the runner-up by fewer logits (0: off)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   c->add_option("--check-layer", p.blend_check_layer, "cacheblend: layer whose K/V deviation selects the tokens")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

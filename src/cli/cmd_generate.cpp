@@ -97,9 +97,10 @@ void run_generate(GenerateArgs a) {
                    r.n_prompt(), (long long)r.n_cached, r.output_ids.size(), r.finish_reason.c_str(), r.ttft_ms,
                    r.prefill_tok_per_s(), r.prefill_ms, r.decode_tok_per_s(),
                    r.decode_ms, num_threads(), isa_name(active_isa()));
-      std::fprintf(stderr, "reuse (%s): %lld tokens reused, %lld recomputed, %lld new, reuse ratio %.1f%%\n",
+      std::fprintf(stderr, "reuse (%s): %lld tokens reused, %lld recomputed, %lld new, reuse ratio %.1f%%%s\n",
                    a.reuse.c_str(), (long long)r.n_reused, (long long)r.n_recomputed, (long long)r.n_new,
-                   100.0 * r.reuse_ratio());
+                   100.0 * r.reuse_ratio(),
+                   r.guarded ? " (guard: the first token was a close call, recomputed exactly)" : "");
     }
   }
   if (a.stats) std::fprintf(stderr, "kv cache: %s\n", engine->kv_stats().to_string().c_str());

@@ -438,7 +438,7 @@ StepStats Engine::step() {
     Request::State& r = *owners[i];
     if (r.phase == Phase::kPrefill) {
       r.todo_next += size_t(batch[i].n);
-      if (r.todo_next < r.todo.size()) continue;
+      if (r.todo_next < r.todo.size() || guard_trips(r)) continue;
       r.history = r.context;  // (a resumed request's context is its history)
       if (r.res.output_ids.empty()) store_chunks(r);
     }
@@ -462,6 +462,7 @@ StepStats Engine::step() {
         std::lock_guard<std::mutex> l(r->mu);
         r->res.n_recomputed = bs.n_selected + r->blend_forced;
       }
+      if (guard_trips(*r)) continue;
       r->history = r->context;
       store_chunks(*r);
       after_logits(*r, r->logits.data());

@@ -51,6 +51,10 @@ struct Request::State {
   // content hit (K/V from another context) only under content keys. Equal to exact_limit when
   // the store keeps f32.
   int64_t context_limit = INT64_MAX;
+  // Guard (ReusePolicy::guard_lead): the prompt's K/V are partly approximate from guard_from on;
+  // when the first token is a close call, [guard_from, n) is recomputed in an ordinary prefill.
+  bool approx = false;
+  int64_t guard_from = 0;
   std::vector<float> logits;       // [vocab]
   std::vector<float> raw_logits;   // [vocab] copy before sampling (GenerateOptions::logprobs)
   // Chunk plan of the prompt (reuse.cpp): spans, keys, and where each chunk's K/V came from.

@@ -124,6 +124,8 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
   // Without approximate positions everything computed after the prompt (the generated tokens)
   // is exact too, and may become prefix-cache entries: the next chat turn reuses the answer.
   r.exact_limit = first_approx < n ? first_approx : INT64_MAX;
+  r.approx = first_approx < n;
+  r.guard_from = frontier;
   r.context_limit = INT64_MAX;
   for (size_t i = 0; i < r.chunks.size(); ++i)
     if (r.chunk_src[i] == Src::kStoreContent) {
@@ -177,6 +179,39 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
   r.res.n_reused = n_exact + n_approx;
   r.res.n_recomputed = r.blend ? 0 : n_recomputed;
   r.res.n_new = n - n_exact - n_approx;
+}
+
+// The prefill of a prompt with approximate K/V is done and its logits are in r.logits. When the
+// first token is a close call (top-1 lead < guard_lead), the approximate span is planned again
+// as an ordinary prefill of [guard_from, n), which overwrites every approximate K/V with the full
+// prefill's (the same kernels as a prefix hit: logits equal to a full prefill's), and true is
+// returned: the request stays in its prefill. Computed chunks are then stored under prefix keys.
+bool Engine::guard_trips(Request::State& r) {
+  if (!r.approx || !r.res.output_ids.empty()) return false;
+  r.approx = false;  // one check per request
+  float a = -INFINITY, b = -INFINITY;
+  for (float x : r.logits)
+    if (x > a) b = a, a = x;
+    else if (x > b) b = x;
+  const float lead = a - b;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.res.first_lead = lead;
+  }
+  if (!(lead < r.opt.reuse.guard_lead)) return false;  // (0: off)
+  const int64_t n = int64_t(r.context.size());
+  r.blend = false;
+  r.todo.clear();
+  r.todo_next = 0;
+  for (int64_t p = r.guard_from; p < n; ++p) r.todo.push_back(int32_t(p));
+  r.exact_limit = r.context_limit = INT64_MAX;
+  for (size_t i = 0; i < r.chunks.size(); ++i)
+    if (r.chunks[i].end > r.guard_from && (r.chunk_src[i] == Src::kStoreContent || r.chunk_src[i] == Src::kStorePrefix))
+      r.chunk_src[i] = Src::kComputed;
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.res.guarded = true;
+  r.res.n_recomputed = r.res.n_reused - std::min(r.guard_from, r.res.n_reused);
+  return true;
 }
 
 void Engine::store_chunks(Request::State& r) {

@@ -114,6 +114,7 @@ Engine::Agreement Engine::verify_correctness(const std::vector<int32_t>& ids, co
   a.ttft_reuse_ms = rr.ttft_ms;
   a.n_reused = rr.n_reused;
   a.n_recomputed = rr.n_recomputed;
+  a.guarded = rr.guarded;
   a.n_prompt = int64_t(ids.size());
   for (size_t i = 0; i < std::min(ref.size(), got.size()); ++i) {
     const LogitAgreement g = compare_logits(ref[i].data(), got[i].data(), vocab);

@@ -51,6 +51,7 @@ TEST(Reuse, DocumentsInANewOrderAreReusedAndRepaired) {
   e->generate_ids(first, o);  // computes and stores the chunks
   const auto ids = build(*e, {2, 0, 1}, &segs);
   o.segment_starts = segs;
+  o.reuse.guard_lead = 0;  // the repairs themselves (the guard: GuardRecomputesACloseCallExactly)
   const int64_t n = int64_t(ids.size());
   for (ReuseMode m : {ReuseMode::kPrefixOnly, ReuseMode::kNone, ReuseMode::kSelective, ReuseMode::kCacheBlend}) {
     GenerateOptions r = o;
@@ -70,7 +71,9 @@ TEST(Reuse, DocumentsInANewOrderAreReusedAndRepaired) {
       EXPECT_GT(a.n_recomputed, 0);
       EXPECT_LE(a.n_recomputed, 3 * 16 + 1);  // R = 16 per reused run (+ the last token)
     }
-    if (m == ReuseMode::kCacheBlend) EXPECT_GT(a.n_recomputed, 0);
+    if (m == ReuseMode::kCacheBlend) {
+      EXPECT_GT(a.n_recomputed, 0);
+    }
     std::printf("%-10s reused %lld/%lld recomputed %lld: cosine %.5f KL %.5f top1 %.2f\n", reuse_mode_name(m),
                 (long long)a.n_reused, (long long)n, (long long)a.n_recomputed, a.mean_cosine(), a.mean_kl(), a.top1_rate());
   }
@@ -101,6 +104,7 @@ TEST(Reuse, CacheBlendRunStartsShareTheBudget) {
   o.segment_starts = segs;
   o.reuse.mode = ReuseMode::kCacheBlend;
   o.reuse.store = false;
+  o.reuse.guard_lead = 0;
   o.reuse.blend_ratio = 0.3f;
   const Engine::Agreement plain = e->verify_correctness(ids, o, 4);
   for (int64_t starts : {2, 8, 1000}) {
@@ -112,7 +116,9 @@ TEST(Reuse, CacheBlendRunStartsShareTheBudget) {
     EXPECT_NEAR(double(a.n_recomputed), double(plain.n_recomputed), 1.0);
     EXPECT_GT(a.mean_cosine(), 0.9);
     // another set of tokens was recomputed: the logits move
-    if (starts == 1000) EXPECT_NE(a.mean_kl(), plain.mean_kl());
+    if (starts == 1000) {
+      EXPECT_NE(a.mean_kl(), plain.mean_kl());
+    }
   }
   o.reuse.blend_ratio = 1.0f;
   o.reuse.blend_run_starts = 8;
@@ -144,6 +150,88 @@ TEST(Reuse, QuantizedStoreKeepsPrefixKeysAfterALossyHit) {
     o.reuse.mode = ReuseMode::kSelective;
     EXPECT_EQ(e->generate_ids(second, o).n_recomputed, 0) << "nothing reused from another context: no repair";
   }
+}
+
+// The guard: an approximate prompt whose first token is a close call (top-1 lead under
+// guard_lead) is recomputed before that token is sampled, so its logits and output are the full
+// prefill's (the first step bit for bit), and its chunks are stored under prefix keys (the same prompt again is
+// an exact hit). A clear lead keeps the approximate answer.
+TEST(Reuse, GuardRecomputesACloseCallExactly) {
+  KVBOOST_REQUIRE_PATH(stories());
+  auto e = Engine::load(stories(), opts());
+  std::vector<int64_t> segs;
+  GenerateOptions o;
+  o.max_new_tokens = 1;
+  e->generate_ids(build(*e, {0, 1, 2}, &segs), o);
+  const auto ids = build(*e, {2, 0, 1}, &segs);
+  o.segment_starts = segs;
+  o.max_new_tokens = 6;
+  o.sampling.temperature = 0.0f;
+  GenerateOptions full = o;
+  full.prefix_cache = false;
+  std::vector<std::vector<float>> ref;
+  full.on_logits = [&](const float* l, int64_t v) { ref.emplace_back(l, l + v); };
+  const GenerateResult fr = e->generate_ids(ids, full);
+  for (ReuseMode m : {ReuseMode::kNone, ReuseMode::kSelective, ReuseMode::kCacheBlend}) {
+    SCOPED_TRACE(reuse_mode_name(m));
+    GenerateOptions r = o;
+    r.reuse.mode = m;
+    r.reuse.store = false;
+    r.reuse.guard_lead = 0;
+    std::vector<std::vector<float>> got;
+    r.on_logits = [&](const float* l, int64_t v) { got.emplace_back(l, l + v); };
+    const GenerateResult plain = e->generate_ids(ids, r);
+    EXPECT_FALSE(plain.guarded);
+    ASSERT_FALSE(got.empty());
+    EXPECT_NE(got[0], ref[0]) << "approximate K/V: the logits differ from the full prefill's";
+    const float lead = plain.first_lead;
+    EXPECT_GT(lead, 0.0f);
+    // A guard just under the lead keeps the approximate answer (same logits as without a guard).
+    r.reuse.guard_lead = lead * 0.99f;
+    std::vector<std::vector<float>> kept;
+    r.on_logits = [&](const float* l, int64_t v) { kept.emplace_back(l, l + v); };
+    const GenerateResult k = e->generate_ids(ids, r);
+    EXPECT_FALSE(k.guarded);
+    EXPECT_EQ(k.first_lead, lead);
+    ASSERT_FALSE(kept.empty());
+    EXPECT_EQ(kept[0], got[0]);
+    // Just over it: recomputed; every step's logits equal the full prefill's.
+    r.reuse.guard_lead = lead * 1.01f;
+    got.clear();
+    r.on_logits = [&](const float* l, int64_t v) { got.emplace_back(l, l + v); };
+    const GenerateResult g = e->generate_ids(ids, r);
+    EXPECT_TRUE(g.guarded);
+    EXPECT_EQ(g.output_ids, fr.output_ids);
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_EQ(got[0], ref[0]);
+    for (size_t i = 1; i < ref.size(); ++i) EXPECT_EQ(compare_logits(got[i].data(), ref[i].data(), int64_t(ref[i].size())).top1, true);
+    EXPECT_EQ(g.n_recomputed, g.n_reused - g.n_cached) << "every reused token past the exact prefix";
+    EXPECT_NEAR(g.reuse_ratio() * double(ids.size()), double(g.n_cached), 1e-6);
+  }
+  // Stored after a guarded prefill: the same prompt is now an exact hit, chunk by chunk.
+  GenerateOptions s = o;
+  s.reuse.mode = ReuseMode::kCacheBlend;
+  s.reuse.guard_lead = 1e9f;
+  EXPECT_TRUE(e->generate_ids(ids, s).guarded);
+  s.reuse.mode = ReuseMode::kPrefixOnly;
+  const GenerateResult again = e->generate_ids(ids, s);
+  EXPECT_EQ(again.n_cached, int64_t(ids.size()) - 1);
+  EXPECT_EQ(again.output_ids, fr.output_ids);
+  // verify_correctness measures what a request gets: the guard's exact answer.
+  GenerateOptions v = o;
+  v.reuse.mode = ReuseMode::kCacheBlend;
+  v.reuse.store = false;
+  v.reuse.guard_lead = 1e9f;
+  const auto ids2 = build(*e, {1, 2, 0}, &segs);
+  v.segment_starts = segs;
+  const Engine::Agreement a = e->verify_correctness(ids2, v, 4);
+  EXPECT_TRUE(a.guarded);
+  EXPECT_EQ(a.top1_rate(), 1.0);
+  // (as on an exact prefix hit, the first token's logits are the full prefill's; later steps may
+  // differ in the last bits: cached K/V came from other batch shapes)
+  ASSERT_FALSE(a.kl.empty());
+  EXPECT_EQ(a.kl[0], 0.0);
+  EXPECT_LT(a.mean_kl(), 1e-9);
 }
 
 TEST(Reuse, ExactHitsSurviveARestartThroughTheDiskTier) {

@@ -528,6 +528,8 @@ TEST(Server, BadInputCatalog) {
       {"unknown reuse mode", "/v1/completions", comp({{"reuse", "bogus"}}), 400, "reuse"},
       {"reuse blend_first_ratio above one", "/v1/completions",
        comp({{"reuse", {{"mode", "cacheblend"}, {"blend_first_ratio", 1.5}}}}), 400, "blend_first_ratio"},
+      {"reuse guard_lead negative", "/v1/completions",
+       comp({{"reuse", {{"mode", "cacheblend"}, {"guard_lead", -1}}}}), 400, "guard_lead"},
       {"reuse blend_taper_layers zero", "/v1/completions",
        comp({{"reuse", {{"mode", "cacheblend"}, {"blend_taper_layers", 0}}}}), 400, "blend_taper_layers"},
       {"segments not strings", "/v1/completions", comp({{"segments", {1}}}), 400, "segments"},
@@ -726,6 +728,27 @@ TEST(Server, WarmThenHitAndSegments) {
   HttpResponse br = s.post("/v1/completions", seg);
   ASSERT_EQ(br.status, 200) << br.body;
   EXPECT_GT(body_of(br)["kvboost"]["recomputed_tokens"].get<int64_t>(), 0) << br.body;
+  // The guard, off and always on: a guarded request recomputes every reused token past its
+  // exact prefix.
+  seg["segments"] = {"A new first segment moves both documents.", doc2, doc1};
+  seg["temperature"] = 0;
+  seg["max_tokens"] = 6;
+  seg["reuse"] = {{"mode", "cacheblend"}, {"guard_lead", 0}, {"store", false}};
+  json off = body_of(s.post("/v1/completions", seg));
+  EXPECT_EQ(off["kvboost"]["guarded"], false) << off.dump();
+  seg["reuse"] = {{"mode", "cacheblend"}, {"guard_lead", 1e6}, {"store", false}};
+  json on = body_of(s.post("/v1/completions", seg));
+  EXPECT_EQ(on["kvboost"]["guarded"], true) << on.dump();
+  EXPECT_EQ(on["kvboost"]["recomputed_tokens"].get<int64_t>(),
+            on["kvboost"]["reused_tokens"].get<int64_t>() - on["kvboost"]["cached_prefix_tokens"].get<int64_t>())
+      << on.dump();
+  // ... and answers as a full prefill does (another tenant's salt: nothing cached to reuse).
+  json fresh = seg;
+  fresh["reuse"] = "prefix";
+  fresh["cache_salt"] = "guard-fresh";
+  json full = body_of(s.post("/v1/completions", fresh));
+  EXPECT_EQ(full["kvboost"]["reused_tokens"], 0) << full.dump();
+  EXPECT_EQ(on["choices"][0]["text"], full["choices"][0]["text"]);
   // Warm a chat conversation too.
   json wc{{"model", "tiny"}, {"messages", json::array({{{"role", "user"}, {"content", long_prompt(30)}}})}};
   EXPECT_EQ(s.post("/v1/warm", wc).status, 200);
