@@ -154,7 +154,7 @@ TEST(Reuse, QuantizedStoreKeepsPrefixKeysAfterALossyHit) {
 
 // The guard: an approximate prompt whose first token is a close call (top-1 lead under
 // guard_lead) is recomputed before that token is sampled, so its logits and output are the full
-// prefill's (the first step bit for bit), and its chunks are stored under prefix keys (the same prompt again is
+// prefill's (to the last bits), and its chunks are stored under prefix keys (the same prompt again is
 // an exact hit). A clear lead keeps the approximate answer.
 TEST(Reuse, GuardRecomputesACloseCallExactly) {
   KVBOOST_REQUIRE_PATH(stories());
@@ -203,8 +203,11 @@ TEST(Reuse, GuardRecomputesACloseCallExactly) {
     EXPECT_TRUE(g.guarded);
     EXPECT_EQ(g.output_ids, fr.output_ids);
     ASSERT_EQ(got.size(), ref.size());
-    EXPECT_EQ(got[0], ref[0]);
-    for (size_t i = 1; i < ref.size(); ++i) EXPECT_EQ(compare_logits(got[i].data(), ref[i].data(), int64_t(ref[i].size())).top1, true);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      float worst = 0;
+      for (size_t j = 0; j < ref[i].size(); ++j) worst = std::max(worst, std::fabs(got[i][j] - ref[i][j]));
+      EXPECT_LT(worst, 1e-5f) << "step " << i;  // (approximate K/V moved them by ~1e-2)
+    }
     EXPECT_EQ(g.n_recomputed, g.n_reused - g.n_cached) << "every reused token past the exact prefix";
     EXPECT_NEAR(g.reuse_ratio() * double(ids.size()), double(g.n_cached), 1e-6);
   }
@@ -227,10 +230,9 @@ TEST(Reuse, GuardRecomputesACloseCallExactly) {
   const Engine::Agreement a = e->verify_correctness(ids2, v, 4);
   EXPECT_TRUE(a.guarded);
   EXPECT_EQ(a.top1_rate(), 1.0);
-  // (as on an exact prefix hit, the first token's logits are the full prefill's; later steps may
-  // differ in the last bits: cached K/V came from other batch shapes)
-  ASSERT_FALSE(a.kl.empty());
-  EXPECT_EQ(a.kl[0], 0.0);
+  // (as on an exact prefix hit: the logits may differ in the last bits, the cached prefix's K/V
+  // having been computed in another batch shape)
+  ASSERT_EQ(a.kl.size(), 4u);
   EXPECT_LT(a.mean_kl(), 1e-9);
 }
 
