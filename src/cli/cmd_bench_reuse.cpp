@@ -225,6 +225,30 @@ void print_rows(const char* scenario, const std::vector<Row>& rows, const std::v
                  std::to_string(rows[m].lead[i]).substr(0, 5) + ")";
     if (!where.empty()) std::printf("; %s disagreed at leads %s", kModes[m].name.c_str(), where.c_str());
   }
+  // Without the guard, the run tells what each threshold would do: a prompt whose own lead is
+  // under L would have been recomputed (its full prefill's answer, TTFT + about a full prefill),
+  // the others keep theirs. Calibrates --guard-lead for a model from one run.
+  for (size_t m : modes) {
+    if (m == 0 || rows[m].guarded > 0) continue;
+    bool approx = false;
+    for (size_t i = 0; i < rows[m].q.size(); ++i) approx |= rows[m].q[i].kl > 1e-9;  // (not float rounding)
+    if (!approx) continue;
+    std::printf("\n\n%s, guard off: what --guard-lead L would do (estimated from this run)\n"
+                "| L | prompts recomputed | top-1 | median TTFT vs full | mean TTFT vs full |\n|---|---|---|---|---|",
+                kModes[m].name.c_str());
+    for (double L : {0.05, 0.1, 0.15, 0.2, 0.3, 0.5}) {
+      int trips = 0, agree = 0;
+      std::vector<double> t;
+      for (size_t i = 0; i < rows[m].q.size(); ++i) {
+        const bool trip = rows[m].lead[i] < L;
+        trips += trip;
+        agree += trip || rows[m].q[i].top1 > 0;
+        t.push_back(rows[m].ttft[i] + (trip ? rows[0].ttft[i] : 0.0));
+      }
+      std::printf("\n| %.2f | %d | %d/%zu | %.2fx | %.2fx |", L, trips, agree, rows[m].q.size(),
+                  median(rows[0].ttft) / std::max(1e-9, median(t)), mean(rows[0].ttft) / std::max(1e-9, mean(t)));
+    }
+  }
   // The guard's cost: prompts it recomputed in full, and the mean TTFT they weigh on (the
   // median hides them while they are fewer than half).
   for (size_t m : modes)

@@ -236,6 +236,27 @@ TEST(Cli, BenchReuseReadsACorpus) {
   EXPECT_EQ(r.out.find("| rag | selective |"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("| rag | prefix |"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("| coding | prefix |"), std::string::npos) << r.out;
+  // The guard: off, the run estimates what each threshold would do; at 1000 logits every
+  // approximate prompt is recomputed and agrees with the full prefill.
+  const std::string gpl = "/usr/share/common-licenses/GPL-3";
+  if (std::ifstream(gpl).good()) {
+    const std::string rag = "bench reuse --model " + stories() + " --scenarios rag --runs 4 --docs 3 --pool 5 " +
+                            "--doc-words 20 --sys-words 30 --chunk 32 --modes cacheblend --corpus " + gpl;
+    r = run(rag + " --guard-lead 0");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.out.find("guard below a lead of 0.00"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("cacheblend, guard off: what --guard-lead L would do"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("| 0.10 | "), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("the guard recomputed"), std::string::npos) << r.out;
+    r = run(rag + " --guard-lead 1000");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.out.find("cacheblend: the guard recomputed 4 of 4 prompts in full"), std::string::npos) << r.out;
+    const size_t row = r.out.find("| rag | cacheblend |");
+    ASSERT_NE(row, std::string::npos) << r.out;
+    const std::string line = r.out.substr(row, r.out.find('\n', row) - row);
+    EXPECT_NE(line.find("| 100.0% | 1.00000 |"), std::string::npos) << line;
+    EXPECT_EQ(r.out.find("what --guard-lead L would do"), std::string::npos) << r.out;
+  }
   r = run("bench reuse --model " + stories() + " --scenarios rag --runs 1 --modes none,blend --corpus " + dir + "/text.txt");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("unknown mode 'blend'"), std::string::npos) << r.err;
