@@ -191,6 +191,7 @@ void Engine::preempt(Request::State& r) {
   r.todo.clear();
   r.todo_next = 0;
   r.blend = false;
+  r.approx = false;  // resumed from the exact block cache: recomputed exactly, nothing to guard
   r.phase = Request::State::Phase::kWaiting;
   std::lock_guard<std::mutex> lock(r.mu);
   ++r.res.n_preempted;
