@@ -184,8 +184,8 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
 // The prefill of a prompt with approximate K/V is done and its logits are in r.logits. When the
 // first token is a close call (top-1 lead < guard_lead), the approximate span is planned again
 // as an ordinary prefill of [guard_from, n), which overwrites every approximate K/V with the full
-// prefill's (the same kernels as a prefix hit: logits equal to a full prefill's), and true is
-// returned: the request stays in its prefill. Computed chunks are then stored under prefix keys.
+// prefill's (as after an exact prefix hit: the full prefill's logits up to float rounding), and
+// true is returned: the request stays in its prefill. Its chunks are then stored under prefix keys.
 bool Engine::guard_trips(Request::State& r) {
   if (!r.approx || !r.res.output_ids.empty()) return false;
   r.approx = false;  // one check per request
