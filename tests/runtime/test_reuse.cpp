@@ -33,6 +33,16 @@ std::vector<int32_t> build(const Engine& e, const std::vector<int>& order, std::
   return ids;
 }
 
+// Stores the chunks of sys + docs 0, 1, 2 (one request) and returns sys + docs 2, 0, 1 with its
+// segment starts: every document is then a content hit at another position.
+std::vector<int32_t> reordered(Engine& e, std::vector<int64_t>* segs) {
+  GenerateOptions o;
+  o.max_new_tokens = 1;
+  o.segment_starts.clear();
+  e.generate_ids(build(e, {0, 1, 2}, segs), o);
+  return build(e, {2, 0, 1}, segs);
+}
+
 EngineOptions opts(const std::string& disk = "") {
   EngineOptions eo;
   eo.chunk_size = 32;
@@ -96,11 +106,9 @@ TEST(Reuse, CacheBlendRunStartsShareTheBudget) {
   KVBOOST_REQUIRE_PATH(stories());
   auto e = Engine::load(stories(), opts());
   std::vector<int64_t> segs;
+  const auto ids = reordered(*e, &segs);
   GenerateOptions o;
   o.max_new_tokens = 1;
-  o.segment_starts = segs;
-  e->generate_ids(build(*e, {0, 1, 2}, &segs), o);
-  const auto ids = build(*e, {2, 0, 1}, &segs);
   o.segment_starts = segs;
   o.reuse.mode = ReuseMode::kCacheBlend;
   o.reuse.store = false;
@@ -160,10 +168,8 @@ TEST(Reuse, GuardRecomputesACloseCallExactly) {
   KVBOOST_REQUIRE_PATH(stories());
   auto e = Engine::load(stories(), opts());
   std::vector<int64_t> segs;
+  const auto ids = reordered(*e, &segs);
   GenerateOptions o;
-  o.max_new_tokens = 1;
-  e->generate_ids(build(*e, {0, 1, 2}, &segs), o);
-  const auto ids = build(*e, {2, 0, 1}, &segs);
   o.segment_starts = segs;
   o.max_new_tokens = 6;
   o.sampling.temperature = 0.0f;
