@@ -3,12 +3,14 @@
 // Uses kvboost/model.h and kvboost/tokenizer.h.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -94,14 +96,26 @@ struct ReusePolicy {
   int64_t blend_taper_layers = 1;
   // Guard (none, selective, cacheblend): when the prompt's K/V were partly approximate (chunks
   // computed in another context, or read back from a quantized store) and the first token's top
-  // logit leads the runner-up by less than this many logits, the approximate part is recomputed
+  // logit leads the runner-up by less than a threshold, the approximate part is recomputed
   // exactly before that token is sampled: a near-tie the approximation could flip gets the full
-  // prefill's answer (and K/V), at the cost of that prefill. 0: off. The first tokens cacheblend
-  // changed were close calls as the reuse saw them (own leads 0.02-0.19 logits on Gemma 3 270M,
-  // <= 0.09 on stories260K): 0.1 recomputes 26% of 96 Gemma RAG prompts and agrees on 97.9%
-  // (0.15: 44%, 99.0%), 6% of 200 stories260K prompts for 100%. `kvboost bench reuse
-  // --guard-lead 0` estimates the curve for a model (README, "Chunk-level KV reuse").
-  float guard_lead = 0.1f;
+  // prefill's answer (and K/V), at the cost of that prefill. The first tokens cacheblend changed
+  // were close calls as the reuse saw them (own leads 0.02-0.19 logits on Gemma 3 270M, <= 0.09
+  // on stories260K). guard_lead: the threshold until the guard has learned one (below), or
+  // always with guard_target 0; 0: off. 0.2 starts safe on a model that errs as much as Gemma
+  // 3 270M (a fixed 0.1 agreed on 97.2% of 144 Gemma RAG prompts, 0.2 on 100% recomputing
+  // half); `kvboost bench reuse --guard-lead 0` estimates the curve for a model (README,
+  // "Chunk-level KV reuse").
+  float guard_lead = 0.2f;
+  // Adaptive guard: every prompt the guard recomputed shows how far the approximate lead of its
+  // top two tokens was from the full prefill's (the error), and every approximate prompt shows
+  // its own lead. Once the engine has seen kGuardMinErrors errors for a repair mode, the
+  // threshold becomes the smallest L whose estimated share of changed first tokens is at most
+  // guard_target: the mean over recent approximate prompts with lead >= L of the share of the
+  // observed errors that could overturn that lead (guard_threshold). A model whose reuse errs by
+  // hundredths of a logit, or only ever shrinks leads, stops paying for near-ties after a few
+  // prompts; one that errs by tenths either way (Gemma 3 270M) recomputes more. 0: the fixed
+  // guard_lead.
+  float guard_target = 0.02f;
   bool store = true;            // store computed chunks and blocks for later requests (false:
                                 // the request leaves no trace in any cache)
   bool pin = false;             // stored chunks stay in RAM (Engine::warm)
@@ -162,6 +176,9 @@ struct GenerateResult {
                                        // recomputed exactly (n_recomputed counts them)
   float first_lead = 0;                // the first token's top logit minus the runner-up's, as
                                        // the guard saw it (approximate prompts only)
+  float guard_lead = 0;                // the threshold the guard compared it with (adaptive)
+  bool approximate = false;            // the prompt's K/V were partly approximate: the guard
+                                       // looked at it (first_lead, guard_lead are set)
   double ttft_ms = 0;                  // prompt in -> first token sampled
   double prefill_ms = 0;
   double decode_ms = 0;                // after the first token
@@ -202,6 +219,21 @@ struct EngineOptions {
 };
 
 class Engine;
+
+// The adaptive guard's threshold (ReusePolicy::guard_target): the smallest L in steps of 0.01
+// logits for which the share of `leads` at or above L, each weighted by the share of `errors`
+// that could overturn it, is at most `target` (a prompt's first token can change only if the
+// error of its top-two lead exceeds the lead). errors: approximate lead minus the full
+// prefill's lead of the same two tokens. An error could overturn a lead when its size exceeds
+// it; when the errors are consistently negative (median below zero by more than two median
+// absolute deviations: the reuse shrinks leads, as on the random-weight Qwen2.5-0.5B shape,
+// approximate leads ~half the full prefill's), when the median plus its distance from the
+// median does. Returns `fallback` when errors has fewer than kGuardMinErrors entries or leads
+// is empty; at most kGuardMaxLead.
+inline constexpr size_t kGuardMinErrors = 4;
+inline constexpr float kGuardMaxLead = 4.0f;
+inline constexpr size_t kGuardWindow = 64;  // leads and errors remembered per repair mode
+float guard_threshold(std::span<const float> leads, std::span<const float> errors, float target, float fallback);
 
 // Agreement of one row of logits with a reference row: cosine, KL(softmax(ref) || softmax(got))
 // and whether the argmax agrees (quality of reuse vs a full prefill).
@@ -316,6 +348,14 @@ class Engine {
   void plan_reuse(Request::State& r, int64_t n_cached);
   void store_chunks(Request::State& r);
   bool guard_trips(Request::State& r);
+  void guard_learn(Request::State& r);
+  // Adaptive guard: recent first-token leads of approximate prompts and observed lead errors,
+  // per repair mode; reuse.cpp.
+  struct GuardHistory {
+    std::vector<float> leads, errors;  // the last kGuardWindow of each
+  };
+  std::array<GuardHistory, 4> guard_hist_;  // by ReuseMode (prefix-only: a quantized store's hits)
+  mutable std::mutex guard_mu_;
   kv::SeqId next_seq_ = 1;
 };
 

@@ -163,6 +163,7 @@ struct Row {
   std::vector<double> gap;  // full prefill: logit of the top token minus the runner-up's
   std::vector<double> lead;  // this mode's first lead as the guard saw it (approximate prompts)
   int guarded = 0;           // prompts the guard recomputed in full
+  std::vector<double> limit;  // the guard's threshold for each approximate prompt (adaptive)
 };
 
 double top_gap(const std::vector<float>& l) {
@@ -200,6 +201,7 @@ void run_modes(Engine& e, const std::vector<int32_t>& ids, const std::vector<int
     rows[m].gap.push_back(top_gap(ref));
     rows[m].lead.push_back(top_gap(got));
     rows[m].guarded += r.guarded;
+    if (r.approximate) rows[m].limit.push_back(r.guard_lead);
   }
 }
 
@@ -253,9 +255,10 @@ void print_rows(const char* scenario, const std::vector<Row>& rows, const std::v
   // median hides them while they are fewer than half).
   for (size_t m : modes)
     if (rows[m].guarded > 0)
-      std::printf("\n%s: the guard recomputed %d of %zu prompts in full; mean TTFT %.0f ms (%.2fx vs full's mean)",
+      std::printf("\n%s: the guard recomputed %d of %zu prompts in full; mean TTFT %.0f ms (%.2fx vs full's mean); "
+                  "threshold median %.3f, last %.3f logits",
                   kModes[m].name.c_str(), rows[m].guarded, rows[m].q.size(), mean(rows[m].ttft),
-                  mean(rows[0].ttft) / std::max(1e-9, mean(rows[m].ttft)));
+                  mean(rows[0].ttft) / std::max(1e-9, mean(rows[m].ttft)), median(rows[m].limit), rows[m].limit.back());
   std::printf("\n\n");
   std::fflush(stdout);
 }
@@ -296,11 +299,11 @@ void run_bench(const Args& a) {
   std::mt19937 rng(uint32_t(a.seed));
   std::printf("model %s, chunk %d tokens, stored K/V %s, medians of %d runs\n", e->model().dir().c_str(), a.chunk,
               a.quant.c_str(), a.runs);
-  std::printf("repair: selective first %lld tokens of each run (+%lld before), cacheblend %.0f%% by layer %lld deviation (run starts first: %lld; gradual from %.0f%% over %lld layers); guard below a lead of %.2f; text: %s\n\n",
+  std::printf("repair: selective first %lld tokens of each run (+%lld before), cacheblend %.0f%% by layer %lld deviation (run starts first: %lld; gradual from %.0f%% over %lld layers); guard below a lead of %.2f, adapting to %.1f%% changed first tokens (0: fixed); text: %s\n\n",
               (long long)a.repair.repair_tokens, (long long)a.repair.overlap_tokens, 100.0 * a.repair.blend_ratio,
               (long long)a.repair.blend_check_layer, (long long)a.repair.blend_run_starts,
               100.0 * std::max(a.repair.blend_ratio, a.repair.blend_first_ratio), (long long)a.repair.blend_taper_layers,
-              double(a.repair.guard_lead), a.corpus.empty() ? "generated prose" : a.corpus.c_str());
+              double(a.repair.guard_lead), 100.0 * a.repair.guard_target, a.corpus.empty() ? "generated prose" : a.corpus.c_str());
   std::printf("| scenario | mode | TTFT ms | vs full | reuse ratio | top-1 agree | logit cosine | KL |\n|---|---|---|---|---|---|---|---|\n");
   auto has = [&](const char* s) { return a.scenarios.find(s) != std::string::npos; };
   std::optional<Corpus> corpus;

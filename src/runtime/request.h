@@ -55,6 +55,11 @@ struct Request::State {
   // when the first token is a close call, [guard_from, n) is recomputed in an ordinary prefill.
   bool approx = false;
   int64_t guard_from = 0;
+  // Set when the guard tripped: the approximate top two tokens and their lead, compared with the
+  // full prefill's logits once it is done (the adaptive guard's error sample).
+  bool guard_pending = false;
+  int32_t guard_top[2] = {0, 0};
+  float guard_own = 0;
   std::vector<float> logits;       // [vocab]
   std::vector<float> raw_logits;   // [vocab] copy before sampling (GenerateOptions::logprobs)
   // Chunk plan of the prompt (reuse.cpp): spans, keys, and where each chunk's K/V came from.

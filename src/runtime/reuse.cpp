@@ -181,29 +181,89 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
   r.res.n_new = n - n_exact - n_approx;
 }
 
+float guard_threshold(std::span<const float> leads, std::span<const float> errors, float target, float fallback) {
+  if (errors.size() < kGuardMinErrors || leads.empty()) return fallback;
+  // How far each error could lower a lead: its size, unless the errors are consistently
+  // negative (the reuse shrinks the lead: median more than two median absolute deviations
+  // below 0); then the median plus each one's distance from it (noise around that bias).
+  std::vector<float> e(errors.begin(), errors.end());
+  auto median = [](std::vector<float> v) {
+    std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  const float m = median(e);
+  std::vector<float> dist(e.size());
+  for (size_t i = 0; i < e.size(); ++i) dist[i] = std::fabs(e[i] - m);
+  const bool biased = m < 0 && -m > 2 * median(dist);
+  for (float& x : e) x = biased ? m + std::fabs(x - m) : std::fabs(x);
+  std::sort(e.begin(), e.end());
+  // Each lead's chance of being overturned: the share of errors above it.
+  std::vector<std::pair<float, double>> risk;
+  for (float l : leads)
+    risk.emplace_back(l, double(e.end() - std::upper_bound(e.begin(), e.end(), l)) / double(e.size()));
+  const int steps = int(std::lround(kGuardMaxLead * 100.0f));
+  for (int i = 0; i < steps; ++i) {  // the estimate only falls as L grows: the first L that fits
+    const float L = float(i) / 100.0f;
+    double est = 0;
+    for (const auto& [l, p] : risk)
+      if (l >= L) est += p;
+    if (est / double(risk.size()) <= double(target)) return L;
+  }
+  return kGuardMaxLead;
+}
+
+namespace {
+void remember(std::vector<float>& v, float x) {
+  if (v.size() >= kGuardWindow) v.erase(v.begin());
+  v.push_back(x);
+}
+}  // namespace
+
 // The prefill of a prompt with approximate K/V is done and its logits are in r.logits. When the
-// first token is a close call (top-1 lead < guard_lead), the approximate span is planned again
-// as an ordinary prefill of [guard_from, n), which overwrites every approximate K/V with the full
-// prefill's (as after an exact prefix hit: the full prefill's logits up to float rounding), and
-// true is returned: the request stays in its prefill. Its chunks are then stored under prefix keys.
+// first token is a close call (top-1 lead under the guard's threshold), the approximate span is
+// planned again as an ordinary prefill of [guard_from, n), which overwrites every approximate
+// K/V with the full prefill's (as after an exact prefix hit: the full prefill's logits up to
+// float rounding), and true is returned: the request stays in its prefill. Its chunks are then
+// stored under prefix keys. When that prefill is done, the next call learns how far the
+// approximate lead was from the full prefill's (the adaptive guard's error sample).
 bool Engine::guard_trips(Request::State& r) {
+  if (r.guard_pending) {
+    guard_learn(r);
+    return false;
+  }
   if (!r.approx || !r.res.output_ids.empty()) return false;
   r.approx = false;  // one check per request
   float a = -INFINITY, b = -INFINITY;
-  for (float x : r.logits)
-    if (x > a) b = a, a = x;
-    else if (x > b) b = x;
+  int32_t ia = 0, ib = 0;
+  for (size_t i = 0; i < r.logits.size(); ++i) {
+    const float x = r.logits[i];
+    if (x > a) b = a, ib = ia, a = x, ia = int32_t(i);
+    else if (x > b) b = x, ib = int32_t(i);
+  }
   const float lead = a - b;
+  const ReusePolicy& p = r.opt.reuse;
+  float limit = p.guard_lead;
+  if (limit > 0 && p.guard_target > 0) {
+    std::lock_guard<std::mutex> lock(guard_mu_);
+    GuardHistory& h = guard_hist_[size_t(p.mode)];
+    limit = guard_threshold(h.leads, h.errors, p.guard_target, limit);
+    remember(h.leads, lead);
+  }
   {
     std::lock_guard<std::mutex> lock(r.mu);
     r.res.first_lead = lead;
+    r.res.guard_lead = limit;
+    r.res.approximate = true;
   }
-  if (!(lead < r.opt.reuse.guard_lead)) return false;  // (0: off)
+  if (!(lead < limit)) return false;  // (0: off)
+  r.guard_pending = p.guard_target > 0;
+  r.guard_top[0] = ia, r.guard_top[1] = ib;
+  r.guard_own = lead;
   const int64_t n = int64_t(r.context.size());
   r.blend = false;
   r.todo.clear();
   r.todo_next = 0;
-  for (int64_t p = r.guard_from; p < n; ++p) r.todo.push_back(int32_t(p));
+  for (int64_t q = r.guard_from; q < n; ++q) r.todo.push_back(int32_t(q));
   r.exact_limit = r.context_limit = INT64_MAX;
   for (size_t i = 0; i < r.chunks.size(); ++i)
     if (r.chunks[i].end > r.guard_from && (r.chunk_src[i] == Src::kStoreContent || r.chunk_src[i] == Src::kStorePrefix))
@@ -212,6 +272,15 @@ bool Engine::guard_trips(Request::State& r) {
   r.res.guarded = true;
   r.res.n_recomputed = r.res.n_reused - std::min(r.guard_from, r.res.n_reused);
   return true;
+}
+
+// r.logits are the full prefill's now: the error of the approximate lead of the same two tokens
+// (approximate minus full; positive: the reuse overstated the lead).
+void Engine::guard_learn(Request::State& r) {
+  r.guard_pending = false;
+  const float exact = r.logits[size_t(r.guard_top[0])] - r.logits[size_t(r.guard_top[1])];
+  std::lock_guard<std::mutex> lock(guard_mu_);
+  remember(guard_hist_[size_t(r.opt.reuse.mode)].errors, r.guard_own - exact);
 }
 
 void Engine::store_chunks(Request::State& r) {

@@ -190,6 +190,7 @@ void parse_common(const ojson& body, const ApiContext& ctx, ParsedRequest& p) {
       if (auto f = get_number(*r, "blend_first_ratio", 0.0, 1.0)) p.opt.reuse.blend_first_ratio = float(*f);
       if (auto n = get_int(*r, "blend_taper_layers", 1, 1 << 10)) p.opt.reuse.blend_taper_layers = *n;
       if (auto f = get_number(*r, "guard_lead", 0.0, 1e9)) p.opt.reuse.guard_lead = float(*f);
+      if (auto f = get_number(*r, "guard_target", 0.0, 1.0)) p.opt.reuse.guard_target = float(*f);
       if (auto b = get_bool(*r, "store")) p.opt.reuse.store = *b;
     } else {
       bad(std::string("'reuse' must be a string (prefix | none | selective | cacheblend) or an object, got ") +
@@ -498,6 +499,10 @@ ojson kvboost_json(const GenerateResult& r) {
   k["recomputed_tokens"] = r.n_recomputed;
   k["new_tokens"] = r.n_new;
   k["guarded"] = r.guarded;  // a close call recomputed exactly (reuse.guard_lead)
+  if (r.approximate) {  // its first token's lead and the threshold the guard held it to
+    k["first_lead"] = r.first_lead;
+    k["guard_lead"] = r.guard_lead;
+  }
   k["preempted"] = r.n_preempted;
   k["queue_ms"] = r.queue_ms;
   k["ttft_ms"] = r.ttft_ms;

@@ -251,6 +251,8 @@ TEST(Cli, BenchReuseReadsACorpus) {
     r = run(rag + " --guard-lead 1000");
     ASSERT_EQ(r.rc, 0) << r.err;
     EXPECT_NE(r.out.find("cacheblend: the guard recomputed 4 of 4 prompts in full"), std::string::npos) << r.out;
+    // (4 prompts: the guard learns from its 4th recomputed one on, so every threshold is the given L)
+    EXPECT_NE(r.out.find("threshold median 1000.000, last 1000.000 logits"), std::string::npos) << r.out;
     const size_t row = r.out.find("| rag | cacheblend |");
     ASSERT_NE(row, std::string::npos) << r.out;
     const std::string line = r.out.substr(row, r.out.find('\n', row) - row);

@@ -1,7 +1,9 @@
 // Chunk-level reuse end to end on stories260K: exact hits from the chunk store (also after a
 // restart, from disk), documents reused at other positions with none / selective / cacheblend
 // repair, and verify_correctness.
+#include <algorithm>
 #include <cmath>
+#include <span>
 
 #include "kvboost/runtime.h"
 #include "test_util.h"
@@ -184,6 +186,7 @@ TEST(Reuse, GuardRecomputesACloseCallExactly) {
     r.reuse.mode = m;
     r.reuse.store = false;
     r.reuse.guard_lead = 0;
+    r.reuse.guard_target = 0;  // the threshold as given (the adaptive one: below)
     std::vector<std::vector<float>> got;
     r.on_logits = [&](const float* l, int64_t v) { got.emplace_back(l, l + v); };
     const GenerateResult plain = e->generate_ids(ids, r);
@@ -240,6 +243,100 @@ TEST(Reuse, GuardRecomputesACloseCallExactly) {
   // having been computed in another batch shape)
   ASSERT_EQ(a.kl.size(), 4u);
   EXPECT_LT(a.mean_kl(), 1e-9);
+}
+
+// The adaptive guard's estimate: the smallest L (0.01 steps) at which the leads at or above L,
+// each weighted by the share of errors above it, average at most the target.
+TEST(Reuse, GuardThresholdEstimate) {
+  const std::vector<float> four{0.1f, 0.1f, 0.1f, 0.1f};
+  // Too few errors, or no leads: the fallback.
+  EXPECT_EQ(guard_threshold(std::vector<float>{0.05f}, std::span(four).first(3), 0.02f, 7.0f), 7.0f);
+  EXPECT_EQ(guard_threshold({}, four, 0.02f, 7.0f), 7.0f);
+  // Lead 0.05 is overturned by every error (risk 1), lead 0.5 by none: half of the prompts are
+  // at risk until L passes 0.05.
+  const std::vector<float> two{0.05f, 0.5f};
+  EXPECT_FLOAT_EQ(guard_threshold(two, four, 0.02f, 7.0f), 0.06f);
+  EXPECT_FLOAT_EQ(guard_threshold(two, four, 0.5f, 7.0f), 0.0f);  // a target that accepts it
+  // Risks 3/4, 2/4, 0: mean 0.417 from L = 0, 0.167 from 0.02 (lead 0.015 recomputed), 0 from 0.03.
+  const std::vector<float> leads{0.015f, 0.025f, 1.0f}, errs{0.01f, 0.02f, 0.03f, 0.3f};
+  EXPECT_FLOAT_EQ(guard_threshold(leads, errs, 0.5f, 7.0f), 0.0f);
+  EXPECT_FLOAT_EQ(guard_threshold(leads, errs, 0.2f, 7.0f), 0.02f);
+  EXPECT_FLOAT_EQ(guard_threshold(leads, errs, 0.1f, 7.0f), 0.03f);
+  // Errors larger than every lead: recompute all of them, up to kGuardMaxLead.
+  const std::vector<float> big{10.f, 10.f, 10.f, 10.f};
+  EXPECT_FLOAT_EQ(guard_threshold(std::vector<float>{1.0f, 2.0f}, big, 0.02f, 7.0f), 2.01f);
+  EXPECT_FLOAT_EQ(guard_threshold(std::vector<float>{5.0f}, big, 0.02f, 7.0f), kGuardMaxLead);
+  // Errors of either sign count by their size when they scatter around zero...
+  const std::vector<float> mixed{-0.1f, 0.1f, -0.05f, 0.05f};
+  EXPECT_FLOAT_EQ(guard_threshold(two, mixed, 0.02f, 7.0f), 0.06f);
+  const std::vector<float> neg{-0.1f, -0.1f, -0.1f, -0.1f};
+  EXPECT_FLOAT_EQ(guard_threshold(two, neg, 0.02f, 7.0f), 0.0f);  // (every one shrinks by 0.1)
+  // ... unless they consistently shrink the lead: median -0.09, deviations <= 0.01, so even
+  // the worst (-0.08) leaves every lead standing.
+  const std::vector<float> shrink{-0.08f, -0.09f, -0.1f, -0.085f, -0.095f};
+  EXPECT_FLOAT_EQ(guard_threshold(two, shrink, 0.02f, 7.0f), 0.0f);
+  // A consistent shrink with one error far above: it still counts (median -0.085 + 0.285 = 0.2).
+  const std::vector<float> outlier{-0.08f, -0.09f, -0.1f, -0.085f, 0.2f};
+  EXPECT_FLOAT_EQ(guard_threshold(two, outlier, 0.02f, 7.0f), 0.06f);
+}
+
+// The adaptive guard learns from the prompts it recomputed: after kGuardMinErrors of them its
+// threshold is guard_threshold over the leads it saw and the errors of those leads (the full
+// prefill's logits against the approximate ones), whatever guard_lead it started from.
+TEST(Reuse, AdaptiveGuardLearnsHowFarTheReuseErrs) {
+  KVBOOST_REQUIRE_PATH(stories());
+  auto e = Engine::load(stories(), opts());
+  std::vector<int64_t> segs;
+  reordered(*e, &segs);  // stores sys + docs 0, 1, 2
+  const std::vector<std::vector<int>> orders{{2, 0, 1}, {1, 2, 0}, {2, 1, 0}, {1, 0, 2}, {0, 2, 1}};
+  std::vector<float> leads, errs;
+  for (size_t i = 0; i < orders.size(); ++i) {
+    SCOPED_TRACE(i);
+    const auto ids = build(*e, orders[i], &segs);
+    GenerateOptions o;
+    o.segment_starts = segs;
+    o.max_new_tokens = 1;
+    o.reuse.mode = ReuseMode::kCacheBlend;
+    o.reuse.store = false;
+    // The approximate and the full prefill's logits of this prompt (the guard off: not learned).
+    std::vector<float> approx, exact;
+    GenerateOptions a = o;
+    a.reuse.guard_lead = 0;
+    a.on_logits = [&](const float* l, int64_t v) { approx.assign(l, l + v); };
+    e->generate_ids(ids, a);
+    GenerateOptions f = o;
+    f.prefix_cache = false;
+    f.reuse.mode = ReuseMode::kPrefixOnly;
+    f.on_logits = [&](const float* l, int64_t v) { exact.assign(l, l + v); };
+    e->generate_ids(ids, f);
+    const auto top = std::max_element(approx.begin(), approx.end()) - approx.begin();
+    float second = -INFINITY;
+    int64_t runner = 0;
+    for (size_t j = 0; j < approx.size(); ++j)
+      if (int64_t(j) != top && approx[j] > second) second = approx[j], runner = int64_t(j);
+    const float lead = approx[size_t(top)] - second;
+    // With a threshold nothing passes until the guard has learned.
+    o.reuse.guard_lead = 1e6f;
+    const GenerateResult g = e->generate_ids(ids, o);
+    EXPECT_TRUE(g.approximate);
+    EXPECT_EQ(g.first_lead, lead);
+    if (i < kGuardMinErrors) {
+      EXPECT_EQ(g.guard_lead, 1e6f);
+      EXPECT_TRUE(g.guarded);
+    } else {
+      // (the engine's full prefill may differ from this one in the last bits: one step of 0.01)
+      EXPECT_NEAR(g.guard_lead, guard_threshold(leads, errs, o.reuse.guard_target, 1e6f), 0.0101f);
+      EXPECT_LT(g.guard_lead, 1.0f) << "stories260K's reuse errs by hundredths of a logit";
+      EXPECT_EQ(g.guarded, lead < g.guard_lead);
+    }
+    leads.push_back(lead);
+    if (g.guarded) errs.push_back(lead - (exact[size_t(top)] - exact[size_t(runner)]));
+    // guard_target 0: the fixed threshold, learned or not.
+    GenerateOptions fixed = o;
+    fixed.reuse.guard_target = 0;
+    fixed.reuse.guard_lead = 0.5f;
+    EXPECT_EQ(e->generate_ids(ids, fixed).guard_lead, 0.5f);
+  }
 }
 
 TEST(Reuse, ExactHitsSurviveARestartThroughTheDiskTier) {

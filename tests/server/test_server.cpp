@@ -530,6 +530,8 @@ TEST(Server, BadInputCatalog) {
        comp({{"reuse", {{"mode", "cacheblend"}, {"blend_first_ratio", 1.5}}}}), 400, "blend_first_ratio"},
       {"reuse guard_lead negative", "/v1/completions",
        comp({{"reuse", {{"mode", "cacheblend"}, {"guard_lead", -1}}}}), 400, "guard_lead"},
+      {"reuse guard_target above one", "/v1/completions",
+       comp({{"reuse", {{"mode", "cacheblend"}, {"guard_target", 2}}}}), 400, "guard_target"},
       {"reuse blend_taper_layers zero", "/v1/completions",
        comp({{"reuse", {{"mode", "cacheblend"}, {"blend_taper_layers", 0}}}}), 400, "blend_taper_layers"},
       {"segments not strings", "/v1/completions", comp({{"segments", {1}}}), 400, "segments"},
@@ -739,6 +741,11 @@ TEST(Server, WarmThenHitAndSegments) {
   seg["reuse"] = {{"mode", "cacheblend"}, {"guard_lead", 1e6}, {"store", false}};
   json on = body_of(s.post("/v1/completions", seg));
   EXPECT_EQ(on["kvboost"]["guarded"], true) << on.dump();
+  // (the first approximate prompt of this mode: nothing learned yet, the threshold is guard_lead)
+  EXPECT_EQ(on["kvboost"]["guard_lead"].get<double>(), 1e6) << on.dump();
+  EXPECT_LT(on["kvboost"]["first_lead"].get<double>(), 1e6) << on.dump();
+  EXPECT_EQ(off["kvboost"]["guard_lead"].get<double>(), 0.0) << off.dump();  // (off)
+  EXPECT_EQ(off["kvboost"]["first_lead"], on["kvboost"]["first_lead"]) << off.dump();
   EXPECT_EQ(on["kvboost"]["recomputed_tokens"].get<int64_t>(),
             on["kvboost"]["reused_tokens"].get<int64_t>() - on["kvboost"]["cached_prefix_tokens"].get<int64_t>())
       << on.dump();
