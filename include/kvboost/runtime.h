@@ -101,21 +101,19 @@ struct ReusePolicy {
   // prefill's answer (and K/V), at the cost of that prefill. The first tokens cacheblend changed
   // were close calls as the reuse saw them (own leads 0.02-0.19 logits on Gemma 3 270M, <= 0.09
   // on stories260K). guard_lead: the threshold until the guard has learned one (below), or
-  // always with guard_target 0; 0: off. 0.2 starts safe on a model that errs as much as Gemma
-  // 3 270M (estimated from guard-off runs over 144 Gemma RAG prompts: a fixed 0.1 agrees on
-  // 97.2%, 0.2 on 100% recomputing half); `kvboost bench reuse --guard-lead 0` estimates the
-  // curve for a model (README, "Chunk-level KV reuse").
+  // always with guard_risk 0; 0: off. 0.2 starts safe on a model that errs as much as Gemma
+  // 3 270M; `kvboost bench reuse --guard-lead 0` estimates the curve for a model (README,
+  // "Chunk-level KV reuse").
   float guard_lead = 0.2f;
   // Adaptive guard: every prompt the guard recomputed shows how far the approximate lead of its
-  // top two tokens was from the full prefill's (the error), and every approximate prompt shows
-  // its own lead. Once the engine has seen kGuardMinErrors errors for a repair mode, the
-  // threshold becomes the smallest L whose estimated share of changed first tokens is at most
-  // guard_target: the mean over recent approximate prompts with lead >= L of the share of the
-  // observed errors that could overturn that lead (guard_threshold). A model whose reuse errs by
-  // hundredths of a logit, or only ever shrinks leads, stops paying for near-ties after a few
-  // prompts; one that errs by tenths either way (Gemma 3 270M) recomputes more. 0: the fixed
-  // guard_lead.
-  float guard_target = 0.02f;
+  // top two tokens was from the full prefill's (the error; it does not depend on the lead).
+  // Once the engine has seen kGuardMinErrors errors for a repair mode, the threshold is the
+  // lead that an error drawn like them exceeds with probability guard_risk (guard_threshold):
+  // a prompt passes only if its first token changes with at most that chance. A model whose
+  // reuse errs by hundredths of a logit, or only ever shrinks leads, stops paying for near-ties
+  // after a few prompts; one that errs by tenths either way (Gemma 3 270M) recomputes more.
+  // 0: the fixed guard_lead.
+  float guard_risk = 0.05f;
   bool store = true;            // store computed chunks and blocks for later requests (false:
                                 // the request leaves no trace in any cache)
   bool pin = false;             // stored chunks stay in RAM (Engine::warm)
@@ -220,20 +218,21 @@ struct EngineOptions {
 
 class Engine;
 
-// The adaptive guard's threshold (ReusePolicy::guard_target): the smallest L in steps of 0.01
-// logits for which the share of `leads` at or above L, each weighted by the share of `errors`
-// that could overturn it, is at most `target` (a prompt's first token can change only if the
-// error of its top-two lead exceeds the lead). errors: approximate lead minus the full
-// prefill's lead of the same two tokens. An error could overturn a lead when its size exceeds
-// it; when the errors are consistently negative (median below zero by more than two median
-// absolute deviations: the reuse shrinks leads, as on the random-weight Qwen2.5-0.5B shape,
-// approximate leads ~half the full prefill's), when the median plus its distance from the
-// median does. Returns `fallback` when errors has fewer than kGuardMinErrors entries or leads
-// is empty; at most kGuardMaxLead.
+// The adaptive guard's threshold (ReusePolicy::guard_risk): the lead L that the error of a new
+// prompt exceeds with probability `risk` (its first token can change only if the error of its
+// top-two lead, approximate minus the full prefill's lead of the same two tokens, exceeds its
+// lead). The errors are taken as draws from a normal distribution of unknown mean and spread:
+// a new one then follows Student's t with n-1 degrees of freedom around their median, scaled
+// by their standard deviation (about the median) times sqrt(1 + 1/n), the prediction interval,
+// so a few samples give a wide threshold and a long run a tight one. A model whose reuse only
+// shrinks leads (errors consistently negative) gets 0. Returns `fallback` with fewer than
+// kGuardMinErrors errors; clamped to [0, kGuardMaxLead].
 inline constexpr size_t kGuardMinErrors = 4;
 inline constexpr float kGuardMaxLead = 4.0f;
-inline constexpr size_t kGuardWindow = 64;  // leads and errors remembered per repair mode
-float guard_threshold(std::span<const float> leads, std::span<const float> errors, float target, float fallback);
+inline constexpr size_t kGuardWindow = 64;  // errors remembered per repair mode
+float guard_threshold(std::span<const float> errors, float risk, float fallback);
+// The p-quantile of Student's t distribution with nu > 0 degrees of freedom (0 < p < 1).
+double student_t_quantile(double p, double nu);
 
 // Agreement of one row of logits with a reference row: cosine, KL(softmax(ref) || softmax(got))
 // and whether the argmax agrees (quality of reuse vs a full prefill).
@@ -349,12 +348,8 @@ class Engine {
   void store_chunks(Request::State& r);
   bool guard_trips(Request::State& r);
   void guard_learn(Request::State& r);
-  // Adaptive guard: recent first-token leads of approximate prompts and observed lead errors,
-  // per repair mode; reuse.cpp.
-  struct GuardHistory {
-    std::vector<float> leads, errors;  // the last kGuardWindow of each
-  };
-  std::array<GuardHistory, 4> guard_hist_;  // by ReuseMode (prefix-only: a quantized store's hits)
+  // Adaptive guard: the last kGuardWindow observed lead errors per repair mode; reuse.cpp.
+  std::array<std::vector<float>, 4> guard_errors_;  // by ReuseMode (prefix-only: a quantized store's hits)
   mutable std::mutex guard_mu_;
   kv::SeqId next_seq_ = 1;
 };

@@ -115,9 +115,9 @@ void add_repair_options(CLI::App* c, ReusePolicy& p) {
                 "Recompute an approximate prompt in full when its first token leads the runner-up by fewer logits (0: off)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  c->add_option("--guard-target", p.guard_target,
-                "Adaptive guard: share of first tokens allowed to differ from a full prefill's, estimated from the "
-                "errors the guard has seen; the threshold starts at --guard-lead (0: fixed --guard-lead)")
+  c->add_option("--guard-risk", p.guard_risk,
+                "Adaptive guard: largest chance of a first token that differs from a full prefill's a prompt may keep, "
+                "estimated from the errors the guard has seen; the threshold starts at --guard-lead (0: fixed --guard-lead)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   c->add_option("--check-layer", p.blend_check_layer, "cacheblend: layer whose K/V deviation selects the tokens")

@@ -12,6 +12,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -162,17 +163,28 @@ struct Row {
   std::vector<Quality> q;
   std::vector<double> gap;  // full prefill: logit of the top token minus the runner-up's
   std::vector<double> lead;  // this mode's first lead as the guard saw it (approximate prompts)
+  std::vector<double> err;   // this mode's lead minus the full prefill's lead of the same two tokens
   int guarded = 0;           // prompts the guard recomputed in full
+  std::vector<int> tripped;  // per prompt: the guard recomputed it
   std::vector<double> limit;  // the guard's threshold for each approximate prompt (adaptive)
+  std::vector<double> limit_at;  // per prompt: that threshold, NaN when the prompt was exact
 };
 
-double top_gap(const std::vector<float>& l) {
+// Indices of the top token and the runner-up.
+std::pair<size_t, size_t> top_two(const std::vector<float>& l) {
   float a = -INFINITY, b = -INFINITY;
-  for (float x : l) {
-    if (x > a) b = a, a = x;
-    else if (x > b) b = x;
+  size_t ia = 0, ib = 0;
+  for (size_t i = 0; i < l.size(); ++i) {
+    if (l[i] > a) b = a, ib = ia, a = l[i], ia = i;
+    else if (l[i] > b) b = l[i], ib = i;
   }
-  return double(a) - double(b);
+  return {ia, ib};
+}
+
+double top_gap(const std::vector<float>& l) {
+  if (l.size() < 2) return 0;
+  const auto [a, b] = top_two(l);
+  return double(l[a]) - double(l[b]);
 }
 
 // One prompt in every mode: first-token logits and TTFT. Nothing is stored (store = false), so
@@ -200,9 +212,25 @@ void run_modes(Engine& e, const std::vector<int32_t>& ids, const std::vector<int
     rows[m].q.push_back(compare(ref, got));
     rows[m].gap.push_back(top_gap(ref));
     rows[m].lead.push_back(top_gap(got));
+    const auto [ia, ib] = top_two(got);
+    rows[m].err.push_back(got.size() < 2 ? 0.0 : double(got[ia] - got[ib]) - double(ref[ia] - ref[ib]));
     rows[m].guarded += r.guarded;
+    rows[m].tripped.push_back(r.guarded);
     if (r.approximate) rows[m].limit.push_back(r.guard_lead);
+    rows[m].limit_at.push_back(r.approximate ? double(r.guard_lead) : NAN);
   }
+}
+
+// --per-prompt FILE: one tab-separated line per prompt and mode, for replaying a guard rule
+// offline (a run with the guard off gives every prompt's approximate lead and its error).
+void dump_rows(std::FILE* f, const char* scenario, const std::vector<Row>& rows, const std::vector<size_t>& modes) {
+  if (!f) return;
+  for (size_t m : modes)
+    for (size_t i = 0; i < rows[m].q.size(); ++i)
+      std::fprintf(f, "%s\t%s\t%zu\t%.5f\t%.5f\t%.5f\t%d\t%d\t%.3f\t%.1f\t%.1f\t%.6f\n", scenario, kModes[m].name.c_str(), i,
+                   rows[0].gap[i], rows[m].lead[i], rows[m].err[i], int(rows[m].q[i].top1), rows[m].tripped[i],
+                   rows[m].limit_at[i], rows[0].ttft[i], rows[m].ttft[i], rows[m].q[i].kl);
+  std::fflush(f);
 }
 
 void print_rows(const char* scenario, const std::vector<Row>& rows, const std::vector<size_t>& modes) {
@@ -274,6 +302,7 @@ struct Args {
   std::string modes = "prefix,none,selective,cacheblend";  // beside the full prefill, always run
   ReusePolicy repair;  // repair parameters (the mode is set per row)
   uint64_t seed = 1;
+  std::string per_prompt;  // file for one line per prompt and mode (empty: none)
 };
 
 void run_bench(const Args& a) {
@@ -286,6 +315,12 @@ void run_bench(const Args& a) {
   eo.chunk_store.quant = kv::parse_kv_quant(a.quant);
   eo.load.progress = nullptr;
   const std::string dir = resolve_model_dir(a.model, false);
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> dump(nullptr, &std::fclose);
+  if (!a.per_prompt.empty()) {
+    dump.reset(std::fopen(a.per_prompt.c_str(), "w"));
+    if (!dump) fail("--per-prompt ", a.per_prompt, ": cannot open for writing");
+    std::fprintf(dump.get(), "scenario\tmode\tprompt\tfull_lead\tlead\terror\ttop1\tguarded\tthreshold\tttft_full_ms\tttft_ms\tkl\n");
+  }
   // Room for three whole contexts, so that a no-reuse baseline run never evicts the cached blocks
   // the next reuse run is measured on (the default budget is one context).
   try {
@@ -299,11 +334,11 @@ void run_bench(const Args& a) {
   std::mt19937 rng(uint32_t(a.seed));
   std::printf("model %s, chunk %d tokens, stored K/V %s, medians of %d runs\n", e->model().dir().c_str(), a.chunk,
               a.quant.c_str(), a.runs);
-  std::printf("repair: selective first %lld tokens of each run (+%lld before), cacheblend %.0f%% by layer %lld deviation (run starts first: %lld; gradual from %.0f%% over %lld layers); guard below a lead of %.2f, adapting to %.1f%% changed first tokens (0: fixed); text: %s\n\n",
+  std::printf("repair: selective first %lld tokens of each run (+%lld before), cacheblend %.0f%% by layer %lld deviation (run starts first: %lld; gradual from %.0f%% over %lld layers); guard below a lead of %.2f, adapting to a %.1f%% risk of a changed first token per prompt (0: fixed); text: %s\n\n",
               (long long)a.repair.repair_tokens, (long long)a.repair.overlap_tokens, 100.0 * a.repair.blend_ratio,
               (long long)a.repair.blend_check_layer, (long long)a.repair.blend_run_starts,
               100.0 * std::max(a.repair.blend_ratio, a.repair.blend_first_ratio), (long long)a.repair.blend_taper_layers,
-              double(a.repair.guard_lead), 100.0 * a.repair.guard_target, a.corpus.empty() ? "generated prose" : a.corpus.c_str());
+              double(a.repair.guard_lead), 100.0 * a.repair.guard_risk, a.corpus.empty() ? "generated prose" : a.corpus.c_str());
   std::printf("| scenario | mode | TTFT ms | vs full | reuse ratio | top-1 agree | logit cosine | KL |\n|---|---|---|---|---|---|---|---|\n");
   auto has = [&](const char* s) { return a.scenarios.find(s) != std::string::npos; };
   std::optional<Corpus> corpus;
@@ -317,6 +352,7 @@ void run_bench(const Args& a) {
     e->warm(warm);
     for (int i = 0; i < a.runs; ++i) run_modes(*e, tok.encode(sys + "\nQuestion: " + text(25), true), {}, rows, coding_modes, a.repair);
     print_rows("coding", rows, coding_modes);
+    dump_rows(dump.get(), "coding", rows, coding_modes);
   }
   if (has("rag")) {  // 2: documents in random order from a pool
     std::vector<std::vector<int32_t>> pool;
@@ -354,6 +390,7 @@ void run_bench(const Args& a) {
       run_modes(*e, ids, segs, rows, modes, a.repair);
     }
     print_rows("rag", rows, modes);
+    dump_rows(dump.get(), "rag", rows, modes);
   }
   if (has("chat")) {  // 3: history grows each turn; each turn's answer is generated
     std::string hist = sys.substr(0, size_t(double(sys.size()) * std::clamp(a.chat_sys, 0.0, 1.0)));
@@ -418,6 +455,8 @@ void add_bench_reuse(CLI::App* bench) {
   c->add_option("--corpus", a->corpus,
                 "Real text for the prompts: comma-separated text files (e.g. /usr/share/common-licenses/GPL-3); "
                 "default: generated prose");
+  c->add_option("--per-prompt", a->per_prompt,
+                "Write one tab-separated line per prompt and mode (leads, the lead's error, top-1, guard) to this file");
   c->callback([a]() { run_bench(*a); });
 }
 

@@ -181,35 +181,68 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
   r.res.n_new = n - n_exact - n_approx;
 }
 
-float guard_threshold(std::span<const float> leads, std::span<const float> errors, float target, float fallback) {
-  if (errors.size() < kGuardMinErrors || leads.empty()) return fallback;
-  // How far each error could lower a lead: its size, unless the errors are consistently
-  // negative (the reuse shrinks the lead: median more than two median absolute deviations
-  // below 0); then the median plus each one's distance from it (noise around that bias).
-  std::vector<float> e(errors.begin(), errors.end());
-  auto median = [](std::vector<float> v) {
-    std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
-    return v[v.size() / 2];
+namespace {
+// Regularized incomplete beta I_x(a, b) by its continued fraction (modified Lentz), the form
+// of Numerical Recipes' betai: the series for x < (a + 1) / (a + b + 2), the symmetry otherwise.
+double beta_cf(double a, double b, double x) {
+  constexpr double kTiny = 1e-300, kEps = 1e-15;
+  const double qab = a + b, qap = a + 1, qam = a - 1;
+  double c = 1, d = 1 - qab * x / qap;
+  d = 1 / (std::fabs(d) < kTiny ? kTiny : d);
+  double h = d;
+  auto step = [&](double aa) {  // one term of the fraction; returns the factor it applied
+    d = 1 + aa * d;
+    d = 1 / (std::fabs(d) < kTiny ? kTiny : d);
+    c = 1 + aa / c;
+    if (std::fabs(c) < kTiny) c = kTiny;
+    h *= d * c;
+    return d * c;
   };
-  const float m = median(e);
-  std::vector<float> dist(e.size());
-  for (size_t i = 0; i < e.size(); ++i) dist[i] = std::fabs(e[i] - m);
-  const bool biased = m < 0 && -m > 2 * median(dist);
-  for (float& x : e) x = biased ? m + std::fabs(x - m) : std::fabs(x);
-  std::sort(e.begin(), e.end());
-  // Each lead's chance of being overturned: the share of errors above it.
-  std::vector<std::pair<float, double>> risk;
-  for (float l : leads)
-    risk.emplace_back(l, double(e.end() - std::upper_bound(e.begin(), e.end(), l)) / double(e.size()));
-  const int steps = int(std::lround(kGuardMaxLead * 100.0f));
-  for (int i = 0; i < steps; ++i) {  // the estimate only falls as L grows: the first L that fits
-    const float L = float(i) / 100.0f;
-    double est = 0;
-    for (const auto& [l, p] : risk)
-      if (l >= L) est += p;
-    if (est / double(risk.size()) <= double(target)) return L;
+  for (int m = 1; m <= 300; ++m) {
+    const double m2 = 2.0 * m;
+    step(m * (b - m) * x / ((qam + m2) * (a + m2)));
+    if (std::fabs(step(-(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))) - 1) < kEps) break;
   }
-  return kGuardMaxLead;
+  return h;
+}
+// y = 1 - x, passed separately so that x near 1 keeps its precision.
+double beta_inc(double a, double b, double x, double y) {
+  if (x <= 0) return 0;
+  if (y <= 0) return 1;
+  const double front = std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) + b * std::log(y));
+  return x < (a + 1) / (a + b + 2) ? front * beta_cf(a, b, x) / a : 1 - front * beta_cf(b, a, y) / b;
+}
+// P(T <= t) for Student's t with nu degrees of freedom.
+double student_t_cdf(double t, double nu) {
+  const double tail = 0.5 * beta_inc(nu / 2, 0.5, nu / (nu + t * t), t * t / (nu + t * t));
+  return t > 0 ? 1 - tail : tail;
+}
+}  // namespace
+
+double student_t_quantile(double p, double nu) {
+  if (!(p > 0 && p < 1) || !(nu > 0)) fail("student_t_quantile: p ", p, " must be in (0, 1) and nu ", nu, " positive");
+  double lo = -1, hi = 1;  // bracket, then bisect: the CDF is monotone
+  while (student_t_cdf(lo, nu) > p) lo *= 2;
+  while (student_t_cdf(hi, nu) < p) hi *= 2;
+  for (int i = 0; i < 200 && hi - lo > 1e-12 * std::max(1.0, std::fabs(lo)); ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (student_t_cdf(mid, nu) < p ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+float guard_threshold(std::span<const float> errors, float risk, float fallback) {
+  const size_t n = errors.size();
+  if (n < kGuardMinErrors) return fallback;
+  if (risk >= 1) return 0;
+  std::vector<float> e(errors.begin(), errors.end());
+  std::nth_element(e.begin(), e.begin() + ptrdiff_t(n / 2), e.end());
+  const double m = n % 2 ? e[n / 2] : 0.5 * (double(e[n / 2]) + double(*std::max_element(e.begin(), e.begin() + ptrdiff_t(n / 2))));
+  double ss = 0;
+  for (float x : errors) ss += (double(x) - m) * (double(x) - m);
+  const double spread = std::sqrt(ss / double(n - 1)) * std::sqrt(1 + 1.0 / double(n));
+  const double L = m + spread * student_t_quantile(1 - double(risk), double(n - 1));
+  return float(std::clamp(L, 0.0, double(kGuardMaxLead)));
 }
 
 namespace {
@@ -243,11 +276,9 @@ bool Engine::guard_trips(Request::State& r) {
   const float lead = a - b;
   const ReusePolicy& p = r.opt.reuse;
   float limit = p.guard_lead;
-  if (limit > 0 && p.guard_target > 0) {
+  if (limit > 0 && p.guard_risk > 0) {
     std::lock_guard<std::mutex> lock(guard_mu_);
-    GuardHistory& h = guard_hist_[size_t(p.mode)];
-    limit = guard_threshold(h.leads, h.errors, p.guard_target, limit);
-    remember(h.leads, lead);
+    limit = guard_threshold(guard_errors_[size_t(p.mode)], p.guard_risk, limit);
   }
   {
     std::lock_guard<std::mutex> lock(r.mu);
@@ -256,7 +287,7 @@ bool Engine::guard_trips(Request::State& r) {
     r.res.approximate = true;
   }
   if (!(lead < limit)) return false;  // (0: off)
-  r.guard_pending = p.guard_target > 0;
+  r.guard_pending = p.guard_risk > 0;
   r.guard_top[0] = ia, r.guard_top[1] = ib;
   r.guard_own = lead;
   const int64_t n = int64_t(r.context.size());
@@ -280,7 +311,7 @@ void Engine::guard_learn(Request::State& r) {
   r.guard_pending = false;
   const float exact = r.logits[size_t(r.guard_top[0])] - r.logits[size_t(r.guard_top[1])];
   std::lock_guard<std::mutex> lock(guard_mu_);
-  remember(guard_hist_[size_t(r.opt.reuse.mode)].errors, r.guard_own - exact);
+  remember(guard_errors_[size_t(r.opt.reuse.mode)], r.guard_own - exact);
 }
 
 void Engine::store_chunks(Request::State& r) {

@@ -186,7 +186,7 @@ TEST(Reuse, GuardRecomputesACloseCallExactly) {
     r.reuse.mode = m;
     r.reuse.store = false;
     r.reuse.guard_lead = 0;
-    r.reuse.guard_target = 0;  // the threshold as given (the adaptive one: below)
+    r.reuse.guard_risk = 0;  // the threshold as given (the adaptive one: below)
     std::vector<std::vector<float>> got;
     r.on_logits = [&](const float* l, int64_t v) { got.emplace_back(l, l + v); };
     const GenerateResult plain = e->generate_ids(ids, r);
@@ -245,43 +245,54 @@ TEST(Reuse, GuardRecomputesACloseCallExactly) {
   EXPECT_LT(a.mean_kl(), 1e-9);
 }
 
-// The adaptive guard's estimate: the smallest L (0.01 steps) at which the leads at or above L,
-// each weighted by the share of errors above it, average at most the target.
+// Student's t quantiles against table values (and the closed forms for 1 and 2 degrees of
+// freedom); the normal's in the limit.
+TEST(Reuse, StudentTQuantile) {
+  EXPECT_NEAR(student_t_quantile(0.95, 3), 2.353363, 1e-6);
+  EXPECT_NEAR(student_t_quantile(0.9, 10), 1.372184, 1e-6);
+  EXPECT_NEAR(student_t_quantile(0.99, 63), 2.387008, 1e-5);
+  EXPECT_NEAR(student_t_quantile(0.975, 1), std::tan(M_PI * 0.475), 1e-6);  // Cauchy
+  const double p = 0.8;  // nu = 2: t = (2p - 1) * sqrt(2 / (1 - (2p - 1)^2))
+  EXPECT_NEAR(student_t_quantile(p, 2), (2 * p - 1) * std::sqrt(2 / (1 - (2 * p - 1) * (2 * p - 1))), 1e-9);
+  EXPECT_NEAR(student_t_quantile(0.9, 1e7), 1.281552, 1e-5);
+  EXPECT_NEAR(student_t_quantile(0.05, 3), -2.353363, 1e-6);
+  EXPECT_NEAR(student_t_quantile(0.5, 5), 0.0, 1e-9);
+  EXPECT_THROW(student_t_quantile(1.0, 3), Error);
+  EXPECT_THROW(student_t_quantile(0.5, 0), Error);
+}
+
+// The adaptive guard's threshold: median + t quantile x spread x sqrt(1 + 1/n), worked by hand.
 TEST(Reuse, GuardThresholdEstimate) {
-  const std::vector<float> four{0.1f, 0.1f, 0.1f, 0.1f};
-  // Too few errors, or no leads: the fallback.
-  EXPECT_EQ(guard_threshold(std::vector<float>{0.05f}, std::span(four).first(3), 0.02f, 7.0f), 7.0f);
-  EXPECT_EQ(guard_threshold({}, four, 0.02f, 7.0f), 7.0f);
-  // Lead 0.05 is overturned by every error (risk 1), lead 0.5 by none: half of the prompts are
-  // at risk until L passes 0.05.
-  const std::vector<float> two{0.05f, 0.5f};
-  EXPECT_FLOAT_EQ(guard_threshold(two, four, 0.02f, 7.0f), 0.06f);
-  EXPECT_FLOAT_EQ(guard_threshold(two, four, 0.5f, 7.0f), 0.0f);  // a target that accepts it
-  // Risks 3/4, 2/4, 0: mean 0.417 from L = 0, 0.167 from 0.02 (lead 0.015 recomputed), 0 from 0.03.
-  const std::vector<float> leads{0.015f, 0.025f, 1.0f}, errs{0.01f, 0.02f, 0.03f, 0.3f};
-  EXPECT_FLOAT_EQ(guard_threshold(leads, errs, 0.5f, 7.0f), 0.0f);
-  EXPECT_FLOAT_EQ(guard_threshold(leads, errs, 0.2f, 7.0f), 0.02f);
-  EXPECT_FLOAT_EQ(guard_threshold(leads, errs, 0.1f, 7.0f), 0.03f);
-  // Errors larger than every lead: recompute all of them, up to kGuardMaxLead.
-  const std::vector<float> big{10.f, 10.f, 10.f, 10.f};
-  EXPECT_FLOAT_EQ(guard_threshold(std::vector<float>{1.0f, 2.0f}, big, 0.02f, 7.0f), 2.01f);
-  EXPECT_FLOAT_EQ(guard_threshold(std::vector<float>{5.0f}, big, 0.02f, 7.0f), kGuardMaxLead);
-  // Errors of either sign count by their size when they scatter around zero...
-  const std::vector<float> mixed{-0.1f, 0.1f, -0.05f, 0.05f};
-  EXPECT_FLOAT_EQ(guard_threshold(two, mixed, 0.02f, 7.0f), 0.06f);
-  const std::vector<float> neg{-0.1f, -0.1f, -0.1f, -0.1f};
-  EXPECT_FLOAT_EQ(guard_threshold(two, neg, 0.02f, 7.0f), 0.0f);  // (every one shrinks by 0.1)
-  // ... unless they consistently shrink the lead: median -0.09, deviations <= 0.01, so even
-  // the worst (-0.08) leaves every lead standing.
+  const std::vector<float> errs{0.1f, -0.1f, 0.2f, -0.2f};
+  EXPECT_EQ(guard_threshold(std::span(errs).first(3), 0.1f, 7.0f), 7.0f);  // too few: the fallback
+  // Median 0, standard deviation sqrt(0.1 / 3) = 0.182574, times sqrt(1.25): 0.204124; the 0.9
+  // quantile of t with 3 degrees of freedom is 1.637744: L = 0.334304.
+  EXPECT_NEAR(guard_threshold(errs, 0.1f, 7.0f), 0.334304f, 1e-5f);
+  EXPECT_NEAR(guard_threshold(errs, 0.05f, 7.0f), 0.204124f * 2.353363f, 1e-5f);  // a smaller risk: higher
+  // Sixteen errors of the same spread: the t quantile and the interval narrow (15 degrees of
+  // freedom: 1.340606; sd sqrt(0.1 * 4 / 15), times sqrt(1 + 1/16)).
+  std::vector<float> many;
+  for (int i = 0; i < 4; ++i) many.insert(many.end(), errs.begin(), errs.end());
+  EXPECT_NEAR(guard_threshold(many, 0.1f, 7.0f), std::sqrt(0.4 / 15) * std::sqrt(17.0 / 16) * 1.340606, 1e-5);
+  EXPECT_LT(guard_threshold(many, 0.1f, 7.0f), guard_threshold(errs, 0.1f, 7.0f));
+  // A reuse that only shrinks leads (median -0.09, spread 0.01): no lead can be overturned.
   const std::vector<float> shrink{-0.08f, -0.09f, -0.1f, -0.085f, -0.095f};
-  EXPECT_FLOAT_EQ(guard_threshold(two, shrink, 0.02f, 7.0f), 0.0f);
-  // A consistent shrink with one error far above: it still counts (median -0.085 + 0.285 = 0.2).
+  EXPECT_EQ(guard_threshold(shrink, 0.1f, 7.0f), 0.0f);
+  // One error far above such a run widens the spread: close calls are recomputed again.
   const std::vector<float> outlier{-0.08f, -0.09f, -0.1f, -0.085f, 0.2f};
-  EXPECT_FLOAT_EQ(guard_threshold(two, outlier, 0.02f, 7.0f), 0.06f);
+  EXPECT_GT(guard_threshold(outlier, 0.1f, 7.0f), 0.05f);
+  // Errors shifted up by 0.3: the threshold moves with them (the median is the center).
+  std::vector<float> up = errs;
+  for (float& x : up) x += 0.3f;
+  EXPECT_NEAR(guard_threshold(up, 0.1f, 7.0f), 0.634304f, 1e-5f);
+  // Risk 1 passes everything; huge errors stop at kGuardMaxLead.
+  EXPECT_EQ(guard_threshold(errs, 1.0f, 7.0f), 0.0f);
+  const std::vector<float> big{-10.f, 10.f, -10.f, 10.f};
+  EXPECT_EQ(guard_threshold(big, 0.1f, 7.0f), kGuardMaxLead);
 }
 
 // The adaptive guard learns from the prompts it recomputed: after kGuardMinErrors of them its
-// threshold is guard_threshold over the leads it saw and the errors of those leads (the full
+// threshold is guard_threshold over the errors of those leads (the full
 // prefill's logits against the approximate ones), whatever guard_lead it started from.
 TEST(Reuse, AdaptiveGuardLearnsHowFarTheReuseErrs) {
   KVBOOST_REQUIRE_PATH(stories());
@@ -289,7 +300,7 @@ TEST(Reuse, AdaptiveGuardLearnsHowFarTheReuseErrs) {
   std::vector<int64_t> segs;
   reordered(*e, &segs);  // stores sys + docs 0, 1, 2
   const std::vector<std::vector<int>> orders{{2, 0, 1}, {1, 2, 0}, {2, 1, 0}, {1, 0, 2}, {0, 2, 1}};
-  std::vector<float> leads, errs;
+  std::vector<float> errs;
   for (size_t i = 0; i < orders.size(); ++i) {
     SCOPED_TRACE(i);
     const auto ids = build(*e, orders[i], &segs);
@@ -324,16 +335,15 @@ TEST(Reuse, AdaptiveGuardLearnsHowFarTheReuseErrs) {
       EXPECT_EQ(g.guard_lead, 1e6f);
       EXPECT_TRUE(g.guarded);
     } else {
-      // (the engine's full prefill may differ from this one in the last bits: one step of 0.01)
-      EXPECT_NEAR(g.guard_lead, guard_threshold(leads, errs, o.reuse.guard_target, 1e6f), 0.0101f);
+      // (the engine's full prefill may differ from this one in the last bits)
+      EXPECT_NEAR(g.guard_lead, guard_threshold(errs, o.reuse.guard_risk, 1e6f), 1e-4f);
       EXPECT_LT(g.guard_lead, 1.0f) << "stories260K's reuse errs by hundredths of a logit";
       EXPECT_EQ(g.guarded, lead < g.guard_lead);
     }
-    leads.push_back(lead);
     if (g.guarded) errs.push_back(lead - (exact[size_t(top)] - exact[size_t(runner)]));
-    // guard_target 0: the fixed threshold, learned or not.
+    // guard_risk 0: the fixed threshold, learned or not.
     GenerateOptions fixed = o;
-    fixed.reuse.guard_target = 0;
+    fixed.reuse.guard_risk = 0;
     fixed.reuse.guard_lead = 0.5f;
     EXPECT_EQ(e->generate_ids(ids, fixed).guard_lead, 0.5f);
   }
