@@ -502,7 +502,10 @@ struct Server::Impl {
         cancel_why = "timeout";
         break;
       }
-      if (stopped) {  // shutdown past its grace period
+      // Shutdown past its grace period. The scheduler counts a request out of in_flight just
+      // before it marks the channel done, so stop() may get here first for a request that
+      // finished: that one loops once more and ends normally.
+      if (stopped && !req->done()) {
         cancel_why = "shutdown";
         break;
       }
