@@ -12,6 +12,7 @@
 
 #include "gguf.h"
 #include "gguf_builder.h"
+#include "../kernels/kernel_test_util.h"
 #include "kvboost/kernels.h"
 #include "kvboost/model.h"
 #include "test_util.h"
@@ -287,12 +288,8 @@ TEST(GgufOracle, SameLogitsAsSafetensorsOnTheSameWeights) {
   REQUIRE_MANIFEST(j);
   // The f32-activation paths: with AVX512-BF16 the default packs bf16 weights for kernels that
   // round activations to bf16 (kernels.h PackLayout::Bf16Pairs; test_pack_weights checks them).
-  const Isa saved = active_isa();
-  if (saved > Isa::Avx512) set_active_isa(Isa::Avx512);
-  struct Restore {
-    Isa isa;
-    ~Restore() { set_active_isa(isa); }
-  } restore{saved};
+  kernel_test::IsaGuard isa;  // restores the ISA
+  if (active_isa() > Isa::Avx512) set_active_isa(Isa::Avx512);
   const std::vector<int32_t> ids = {1, 17, 300, 4, 99, 250, 3, 511, 42, 8, 128, 77};
   for (const auto& c : j["cases"]) {
     const std::string name = c["name"], type = c["type"];

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "../kernels/kernel_test_util.h"
 #include "kvboost/kernels.h"
 #include "kvboost/model.h"
 #include "test_util.h"
@@ -85,19 +86,13 @@ class PackWeights : public ::testing::TestWithParam<std::tuple<std::string, bool
 // weights are packed as Bf16Pairs for kernels that round activations to bf16 by design
 // (kernels.h): this test then runs under the AVX-512 f32 path, and BF16PairsStayWithinTheirBound
 // checks the bf16-activation path against its own bound.
-struct IsaCap {
-  Isa saved = active_isa();
-  explicit IsaCap(Isa cap) {
-    if (saved > cap) set_active_isa(cap);
-  }
-  ~IsaCap() { set_active_isa(saved); }
-};
 
 TEST_P(PackWeights, LogitsMatchTheStoredLayoutWithinFloatTolerance) {
   const auto [dtype, tie] = GetParam();
   const std::string dir = test::make_temp_dir("pack_" + dtype + (tie ? "_tied" : "_untied"));
   write_fixture_model(dir, spec(dtype, tie));
-  IsaCap cap(Isa::Avx512);
+  kernel_test::IsaGuard isa;  // restores the ISA
+  if (active_isa() > Isa::Avx512) set_active_isa(Isa::Avx512);
   auto raw = Model::load(dir, pack(false));
   auto packed = Model::load(dir, pack(true));
   const ModelConfig& c = packed->config();
