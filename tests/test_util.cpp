@@ -14,6 +14,12 @@ std::string shared_path(const std::string& rel) {
   return base + "/" + rel;
 }
 
+std::string model_path(const std::string& rel) {
+  const char* env = std::getenv("KVBOOST_MODELS_DIR");
+  std::string base = env && *env ? env : std::string(KVBOOST_SOURCE_DIR) + "/models";
+  return base + "/" + rel;
+}
+
 bool oracles_required() {
   const char* env = std::getenv("KVBOOST_REQUIRE_ORACLES");
   return env && std::string(env) == "1";

@@ -9,6 +9,9 @@ namespace kvboost::test {
 
 // ../shared (or $KVBOOST_SHARED_DIR) + "/" + rel.
 std::string shared_path(const std::string& rel);
+// The models committed to the repository: models/ of the source tree (or $KVBOOST_MODELS_DIR)
+// + "/" + rel, e.g. model_path("stories260K").
+std::string model_path(const std::string& rel);
 // True when KVBOOST_REQUIRE_ORACLES=1: a missing oracle is then a failure, not a skip.
 bool oracles_required();
 // A fresh empty directory under the build tree's temp area.

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -84,5 +85,16 @@ std::string apply_chat_template(const std::string& tokenizer_config_json_text,
                                 const nlohmann::ordered_json& messages, bool add_generation_prompt,
                                 const nlohmann::ordered_json& extra = nlohmann::ordered_json::object(),
                                 const ChatRenderOptions& opts = {});
+
+// Built-in templates for models whose files carry none (`--chat-template NAME`): "chatml",
+// "llama3", "gemma", "mistral" (src/chat/named_templates.cpp). builtin_chat_template returns
+// the Jinja source, nullopt for another name; builtin_chat_template_end the text that closes an
+// assistant turn in that format ("" for another name).
+std::vector<std::string> builtin_chat_template_names();
+std::optional<std::string> builtin_chat_template(const std::string& name);
+std::string builtin_chat_template_end(const std::string& name);
+// A tokenizer_config.json text ("" = none) with its chat_template replaced by `source`; the
+// special token strings it names (bos_token, eos_token, ...) are kept for the template.
+std::string with_chat_template(const std::string& tokenizer_config_json_text, const std::string& source);
 
 }  // namespace kvboost

@@ -233,7 +233,7 @@ struct BlendStats {
 // into blocks the quantized matmul reads, as llama.cpp stores its output tensor: decode reads
 // the whole [vocab, hidden] head for every token, so on small models it is a large share of the
 // bytes per token (Qwen2.5-0.5B: 272 MB of bf16 of 496 MB per token with AWQ layers).
-//   Auto: Q8_0 for AWQ checkpoints (their layers are 4-bit already; README "AWQ 4-bit
+//   Auto: Q8_0 for AWQ checkpoints (their layers are 4-bit already; docs/quantization.md "AWQ 4-bit
 //         checkpoints" has the measurement), None otherwise.
 //   None: as stored.  Q8_0 / Q6_K / Q4_0: llama.cpp's reference quantizers (kernels::
 //         quantize_row). Q6_K needs hidden_size % 256 == 0; otherwise Q8_0 is used instead

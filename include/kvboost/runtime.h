@@ -90,30 +90,31 @@ struct ReusePolicy {
   int64_t blend_run_starts = 0;
   // cacheblend gradual filtering: select this fraction at the check layer, then narrow to
   // blend_ratio over the next blend_taper_layers layers, each ranking the survivors by its own
-  // K/V deviation. <= blend_ratio: one selection at the check layer. 0.5 halves the KL of
-  // Gemma 3 270M's RAG first token against 0.15 at ~12% more TTFT (README, "Chunk-level KV reuse").
+  // K/V deviation. <= blend_ratio: one selection at the check layer. Reused tokens whose K/V
+  // drift only in later layers are invisible at the check layer; a wider first selection lets
+  // the next layer find them (measured: docs/chunk-reuse.md).
   float blend_first_ratio = 0.5f;
   int64_t blend_taper_layers = 1;
   // Guard (none, selective, cacheblend): when the prompt's K/V were partly approximate (chunks
   // computed in another context, or read back from a quantized store) and the first token's top
   // logit leads the runner-up by less than a threshold, the approximate part is recomputed
   // exactly before that token is sampled: a near-tie the approximation could flip gets the full
-  // prefill's answer (and K/V), at the cost of that prefill. The first tokens cacheblend changed
-  // were close calls as the reuse saw them (own leads 0.02-0.19 logits on Gemma 3 270M, <= 0.09
-  // on stories260K). guard_lead: the threshold until the guard has learned one (below), or
-  // always with guard_risk 0; 0: off. 0.3 starts safe on a model that errs as much as Gemma
-  // 3 270M (0.2 let selective repair change 5 of 48 first tokens before the guard had learned);
-  // `kvboost bench reuse --guard-lead 0` estimates the curve for a model (README, "Chunk-level
-  // KV reuse").
+  // prefill's answer (and K/V), at the cost of that prefill. The first tokens a repair changed
+  // were close calls as the reuse saw them, which is why a lead threshold catches them.
+  // guard_lead: the threshold until the guard has learned one (below), or always with
+  // guard_risk 0; 0: off. The starting value is chosen for a model whose reuse errs by tenths
+  // of a logit, so that the first prompts, before any error has been observed, are safe;
+  // `kvboost bench reuse --guard-lead 0` estimates the curve for a model (docs/chunk-reuse.md).
   float guard_lead = 0.3f;
   // Adaptive guard: every prompt the guard recomputed shows how far the approximate lead of its
-  // top two tokens was from the full prefill's (the error; on Gemma 3 270M it hardly depends
-  // on the lead, so close calls stand for the prompts that pass).
+  // top two tokens was from the full prefill's (the error). Where that error hardly depends on
+  // the lead (as measured on Gemma 3 270M, docs/chunk-reuse.md), the close calls the guard
+  // recomputes stand for the prompts that pass.
   // Once the engine has seen kGuardMinErrors errors for a repair mode, the threshold is the
   // lead that an error drawn like them exceeds with probability guard_risk (guard_threshold):
   // a prompt passes only if its first token changes with at most that chance. A model whose
   // reuse errs by hundredths of a logit, or only ever shrinks leads, stops paying for near-ties
-  // after a few prompts; one that errs by tenths either way (Gemma 3 270M) recomputes more.
+  // after a few prompts; one that errs by tenths either way recomputes more.
   // 0: the fixed guard_lead.
   float guard_risk = 0.05f;
   bool store = true;            // store computed chunks and blocks for later requests (false:

@@ -25,6 +25,9 @@ struct ServerOptions {
   std::vector<std::string> api_keys;
   std::string model_name;          // the id /v1/models reports and requests must name ("" = dir name)
   std::string model_dir;           // its tokenizer_config.json gives the chat template
+  // A tokenizer_config.json text whose chat_template /v1/chat/completions renders, instead of
+  // model_dir's (kvboost serve --chat-template, or a GGUF's own template); "" = model_dir's.
+  std::string chat_config;
   size_t max_body_bytes = 8u << 20;  // larger request bodies: 413
   int64_t max_prompt_tokens = 0;     // 0 = the context length - 1
   int64_t max_queue = 64;            // requests waiting beyond those running; more: 503

@@ -8,6 +8,8 @@
 #include <iostream>
 #include <iterator>
 
+#include "kvboost/chat.h"
+
 namespace kvboost::cli {
 
 std::string default_model_dir() {
@@ -62,23 +64,85 @@ uint64_t parse_weight_budget(const std::string& s) {
 
 std::unique_ptr<Engine> load_engine(const std::string& dir, bool quiet, EngineOptions eopt) {
   LoadOptions& opt = eopt.load;
+  // A bar on a terminal only: paging in mapped weights (GGUF, or what packing left) and packing
+  // safetensors matrices into the kernels' layout, which is most of a safetensors load.
   const bool tty = isatty(STDERR_FILENO);
-  double last = 0;
-  if (!quiet) {
-    opt.progress = [&](const std::string& stage, size_t done, size_t total) {
-      if (stage != "weights" || total == 0) return;
+  if (!quiet && tty) {
+    auto last = std::make_shared<double>(0);
+    const Style st = Style::on(STDERR_FILENO);
+    opt.progress = [dir, last, st](const std::string& stage, size_t done, size_t total) {
+      if ((stage != "weights" && stage != "packing") || total == 0) return;
       const double t = now_ms();
-      if (tty && done < total && t - last < 100) return;
-      last = t;
+      if (done < total && t - *last < 100) return;
+      *last = t;
       const int pct = int(done * 100 / total);
       const int bar = pct / 4;
-      if (tty || done == total)
-        std::fprintf(stderr, "%sloading %s [%.*s%*s] %3d%% %.0f/%.0f MiB%s", tty ? "\r" : "",
-                     dir.c_str(), bar, "#########################", 25 - bar, "", pct,
-                     done / 1048576.0, total / 1048576.0, done == total ? "\n" : "");
+      std::fprintf(stderr, "\r%s%s %s [%.*s%*s] %3d%% %.0f/%.0f MiB%s%s", st.cyan(),
+                   stage == "packing" ? "packing" : "loading", dir.c_str(), bar, "#########################",
+                   25 - bar, "", pct, done / 1048576.0, total / 1048576.0, st.reset(), done == total ? "\n" : "");
     };
   }
   return Engine::load(dir, eopt);
+}
+
+Style Style::on(int fd) {
+  const char* no = std::getenv("NO_COLOR");
+  const char* term = std::getenv("TERM");
+  Style s;
+  s.enabled = isatty(fd) && !(no && *no) && !(term && std::string(term) == "dumb");
+  return s;
+}
+
+const char* const kChatTemplateHelp =
+    "Chat template: a Jinja file, or a built-in name (chatml, llama3, gemma, mistral); "
+    "default: the model's own (tokenizer_config.json or the GGUF's tokenizer.chat_template)";
+
+std::string chat_config_for(const std::string& model_dir, const std::string& chat_template, bool require) {
+  std::string dir = model_dir;
+  const std::string gguf = gguf_model_file(model_dir);
+  if (!gguf.empty()) dir = std::filesystem::path(gguf).parent_path().string();
+  if (dir.empty()) dir = ".";
+  std::string cfg;
+  const std::string beside = path_join(dir, "tokenizer_config.json");
+  if (file_exists(beside)) cfg = read_file(beside);
+  else if (!gguf.empty()) cfg = gguf_tokenizer_files(gguf).tokenizer_config_json;
+  if (!chat_template.empty()) {
+    std::string source;
+    if (file_exists(chat_template)) {
+      source = read_file(chat_template);
+    } else if (auto b = builtin_chat_template(chat_template)) {
+      source = *b;
+    } else {
+      std::string names;
+      for (const auto& n : builtin_chat_template_names()) names += (names.empty() ? "" : ", ") + n;
+      fail("--chat-template: \"", chat_template, "\" is neither a file nor a built-in template (", names, ")");
+    }
+    ChatTemplate::parse(source, chat_template);  // a syntax error names the file, line and column
+    return with_chat_template(cfg, source);
+  }
+  bool has = false;
+  if (!cfg.empty()) {
+    try {
+      chat_template_source(cfg);
+      has = true;
+    } catch (const Error&) {
+    }
+  }
+  if (!has) {
+    if (!require) return "";
+    fail("the model ", model_dir,
+         " has no chat template (no chat_template in its tokenizer_config.json or GGUF metadata); "
+         "give one with --chat-template FILE|NAME (built-in: chatml, llama3, gemma, mistral)");
+  }
+  return cfg;
+}
+
+size_t kv_bytes_for_tokens(const std::string& dir, int64_t n_tokens, int64_t block_size) {
+  if (n_tokens <= 0) return 0;
+  const std::string gguf = gguf_model_file(dir);
+  const ModelConfig c = gguf.empty() ? ModelConfig::from_dir(dir) : ModelConfig::from_gguf(gguf);
+  const double per_token = double(2 * c.n_layers * c.n_kv_heads * c.head_dim) * sizeof(float);
+  return size_t(per_token * double(n_tokens + block_size));
 }
 
 std::string read_stdin() {

@@ -4,6 +4,8 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "kvboost/runtime.h"
 
 namespace kvboost::cli {
@@ -46,6 +48,40 @@ struct ChunkArgs {
   void apply(EngineOptions& eo) const;
 };
 void add_serve(CLI::App& app);
+void add_chat(CLI::App& app);  // kvboost chat (cmd_chat.cpp)
+
+// ANSI colours for status lines on a terminal: none when the stream is not a TTY or NO_COLOR is
+// set (https://no-color.org), so pipes and logs get plain text.
+struct Style {
+  bool enabled = false;
+  static Style on(int fd);
+  const char* red() const { return enabled ? "\033[31m" : ""; }
+  const char* green() const { return enabled ? "\033[32m" : ""; }
+  const char* yellow() const { return enabled ? "\033[33m" : ""; }
+  const char* cyan() const { return enabled ? "\033[36m" : ""; }
+  const char* dim() const { return enabled ? "\033[2m" : ""; }
+  const char* bold() const { return enabled ? "\033[1m" : ""; }
+  const char* reset() const { return enabled ? "\033[0m" : ""; }
+};
+
+// --json on every subcommand of `kvboost bench` (bench_json.cpp): the subcommand's markdown tables
+// on stdout are captured and printed by finish_json_output(true) as JSON; finish_json_output(false)
+// (an error) drops them. markdown_tables_to_json: [{title, notes, columns, rows: [{column: cell}]}].
+void add_json_output(CLI::App* bench);
+void finish_json_output(bool ok);
+nlohmann::ordered_json markdown_tables_to_json(const std::string& text);
+
+// --chat-template FILE|NAME: the help text, and the tokenizer_config.json text a model's chat
+// template renders with: the model's own (tokenizer_config.json in the directory or beside the
+// .gguf, else the GGUF's tokenizer.chat_template), its template replaced by `chat_template` (a
+// file, or a built-in name: chatml, llama3, gemma, mistral) when given. Throws Error naming
+// --chat-template when the model has no template and none is given; require = false returns ""
+// then instead.
+extern const char* const kChatTemplateHelp;
+std::string chat_config_for(const std::string& model_dir, const std::string& chat_template, bool require = true);
+// -c/--ctx-size N (llama.cpp's spelling): bytes of paged KV memory for N tokens of this model
+// (K and V, every layer, f32) plus one block. 0: 0 (the engine's default).
+size_t kv_bytes_for_tokens(const std::string& model_dir, int64_t n_tokens, int64_t block_size);
 // Chunk-reuse repair options (--repair-tokens, --overlap, --sink-tokens, --blend-ratio,
 // --blend-run-starts, --blend-first-ratio, --blend-taper, --check-layer) bound to `p`, whose
 // values are the defaults shown.

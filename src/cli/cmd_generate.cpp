@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "cli_util.h"
+#include "kvboost/chat.h"
 
 namespace kvboost::cli {
 
@@ -27,18 +28,34 @@ struct GenerateArgs {
   ChunkArgs chunks;
   std::string reuse = "prefix";
   ReusePolicy repair;  // repair parameters (the mode comes from --reuse)
+  int64_t ctx_size = 0;  // -c/--ctx-size: KV memory for this many tokens (0: the model's context)
+  std::string chat_template, system;
+  bool chat = false;
 };
 
 void run_generate(GenerateArgs a) {
   if (a.threads > 0) set_num_threads(a.threads);
   std::string prompt = a.prompt;
-  if (!a.prompt_file.empty()) prompt = read_file(a.prompt_file);
+  if (a.prompt_file == "-") prompt = read_stdin();
+  else if (!a.prompt_file.empty()) prompt = read_file(a.prompt_file);
   else if (prompt.empty() && a.segments.empty()) fail("no prompt: give -p TEXT, -f FILE or --segment TEXT");
   const std::string dir = resolve_model_dir(a.model, a.quiet);
   EngineOptions eopt;
   eopt.block_size = a.block_size;
   if (!a.kv_budget.empty()) eopt.kv_budget_bytes = parse_bytes(a.kv_budget, "--kv-budget");
+  else if (a.ctx_size > 0) eopt.kv_budget_bytes = kv_bytes_for_tokens(dir, a.ctx_size, a.block_size);
   eopt.cold_dir = a.cold_dir;
+  // --chat / --chat-template: the prompt is one user turn (after -sys) through the chat template.
+  if (a.chat || !a.chat_template.empty() || !a.system.empty()) {
+    if (!a.segments.empty()) fail("--segment cannot be combined with --chat/--chat-template/--system");
+    const std::string cfg = chat_config_for(dir, a.chat_template);
+    nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+    if (!a.system.empty()) msgs.push_back({{"role", "system"}, {"content", a.system}});
+    msgs.push_back({{"role", "user"}, {"content", prompt}});
+    prompt = apply_chat_template(cfg, msgs, true);
+    a.no_special = true;  // the template supplies the special tokens (as transformers' tokenize=True)
+    if (const std::string end = builtin_chat_template_end(a.chat_template); !end.empty()) a.stop.push_back(end);
+  }
   eopt.load.weight_budget = parse_weight_budget(a.weight_budget);
   eopt.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   a.chunks.apply(eopt);
@@ -118,19 +135,24 @@ void add_generate(CLI::App& app) {
                 "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). "
                 "Default: a generated offline demo model with random weights");
   c->add_option("-p,--prompt", a->prompt, "Prompt text");
-  c->add_option("-f,--prompt-file", a->prompt_file, "Read the prompt from this file (exact bytes)");
+  c->add_option("-f,--prompt-file,--file", a->prompt_file, "Read the prompt from this file (exact bytes; - reads stdin)");
   c->add_option("-n,--max-tokens", a->max_tokens, "Maximum number of new tokens")->capture_default_str()->check(CLI::NonNegativeNumber);
-  c->add_option("-t,--temperature", a->temperature, "Sampling temperature; 0 = greedy (default: the model's generation_config.json, greedy if it does not sample)");
+  c->add_option("--temp,--temperature", a->temperature, "Sampling temperature; 0 = greedy (default: the model's generation_config.json, greedy if it does not sample)");
   c->add_option("--top-k", a->top_k, "Keep the k most likely tokens (0 = off)");
   c->add_option("--top-p", a->top_p, "Nucleus sampling: keep the smallest set with this much probability (1 = off)");
   c->add_option("--min-p", a->min_p, "Drop tokens less likely than min-p times the most likely one (0 = off)");
-  c->add_option("--repetition-penalty", a->repetition_penalty, "Penalise tokens already in the prompt or output (1 = off)");
+  c->add_option("--repeat-penalty,--repetition-penalty", a->repetition_penalty, "Penalise tokens already in the prompt or output (1 = off)");
   c->add_option("-s,--seed", a->seed, "Random seed (same seed, same output)")->capture_default_str();
   c->add_option("--stop", a->stop, "Stop when this text is generated (repeatable); it is not printed");
   c->add_flag("--no-special", a->no_special, "Do not add BOS/EOS special tokens to the prompt");
   c->add_flag("--ignore-eos", a->ignore_eos, "Keep generating past end-of-sequence tokens");
   c->add_flag("--no-echo", a->no_echo, "Print only the completion, not the prompt before it");
-  c->add_option("--threads", a->threads, "Worker threads (default: all cores)");
+  c->add_option("-t,--threads", a->threads, "Worker threads (default: all cores; -t is threads, as in llama.cpp)");
+  c->add_option("-c,--ctx-size", a->ctx_size, "KV memory for this many tokens (llama.cpp's -c; default: the model's context)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_flag("--chat", a->chat, "Format the prompt as one user turn through the model's chat template");
+  c->add_option("--chat-template", a->chat_template, std::string(kChatTemplateHelp) + "; implies --chat");
+  c->add_option("--system", a->system, "System message before the user turn (-sys works too; implies --chat)");
   c->add_flag("-q,--quiet", a->quiet, "No progress or statistics on stderr");
   c->add_option("--block-size", a->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("--kv-budget", a->kv_budget, "Bytes of KV memory, e.g. 512MiB (default: the whole context, at most 2GiB)");

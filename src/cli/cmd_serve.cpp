@@ -28,6 +28,8 @@ struct ServeArgs {
   std::string head_quant = "auto";
   ChunkArgs chunks;
   bool quiet = false, log_requests = false;
+  int64_t ctx_size = 0;
+  std::string chat_template;
 };
 
 // A server runs many sequences at once: by default room for max_batch whole contexts (the
@@ -61,12 +63,16 @@ void run_serve(const ServeArgs& a) {
   eopt.max_batch = a.max_batch;
   eopt.prefill_chunk = a.prefill_chunk;
   if (!a.kv_budget.empty()) eopt.kv_budget_bytes = parse_bytes(a.kv_budget, "--kv-budget");
+  else if (a.ctx_size > 0) eopt.kv_budget_bytes = kv_bytes_for_tokens(dir, a.ctx_size, a.block_size);
   else eopt.kv_budget_bytes = default_kv_budget(dir, a.max_batch, a.block_size);
+
   eopt.cold_dir = a.cold_dir;
   eopt.load.weight_budget = parse_weight_budget(a.weight_budget);
   eopt.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   a.chunks.apply(eopt);
   auto engine = load_engine(dir, a.quiet, eopt);
+  // --chat-template, or the GGUF's own template when no tokenizer_config.json lies beside it.
+  const std::string chat_cfg = chat_config_for(dir, a.chat_template, /*require=*/false);
 
   ServerOptions so;
   so.host = a.host;
@@ -81,6 +87,7 @@ void run_serve(const ServeArgs& a) {
   if (const char* k = std::getenv("KVBOOST_API_KEY"); k && *k && so.api_keys.empty()) so.api_keys.push_back(k);
   so.model_name = a.served_name;
   so.model_dir = dir;
+  so.chat_config = chat_cfg;
   so.max_body_bytes = parse_bytes(a.max_body, "--max-body");
   so.max_prompt_tokens = a.max_prompt_tokens;
   so.max_queue = a.max_queue;
@@ -128,7 +135,11 @@ void add_serve(CLI::App& app) {
   c->add_option("--shutdown-grace", a->grace_s, "Seconds in-flight requests get to finish on SIGINT/SIGTERM")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  c->add_option("--threads", a->threads, "Worker threads (default: all cores)");
+  c->add_option("-t,--threads", a->threads, "Worker threads (default: all cores)");
+  c->add_option("-c,--ctx-size", a->ctx_size,
+                "KV memory for this many tokens, shared by all requests (llama.cpp's -c; default: --max-batch whole contexts)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--chat-template", a->chat_template, kChatTemplateHelp);
   c->add_option("--block-size", a->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("--kv-budget", a->kv_budget, "Bytes of KV memory, e.g. 512MiB (default: max-batch whole contexts, at most 2GiB)");
   c->add_option("--kv-cold-dir", a->cold_dir, "Spill KV blocks beyond --kv-budget to a file in this directory");

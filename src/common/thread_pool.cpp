@@ -4,7 +4,7 @@
 // the per-call fork/join cost and how the idle team waits decide how close decode gets to the
 // memory bandwidth. This pool publishes a task with one store (a generation counter) and joins
 // on one counter; workers spin on the generation for a short while after each task, then sleep
-// on a futex (Linux). Measurements behind the choice: README "Kernel performance (issue 4)".
+// on a futex (Linux). Measurements behind the choice: docs/kernels.md.
 //
 // Memory order: the caller writes fn/ctx/n, then releases gen; a worker acquires gen and reads
 // them. Each worker decrements `pending` (release) after its task; the caller spins until it

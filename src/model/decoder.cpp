@@ -838,7 +838,7 @@ BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& 
       const float* cv = slot_ptr(kv.v_pools[l], kv.block_table, bs, p, nkv);
       // Relative to the fresh vectors' size, K and V each: a token whose small K/V changed
       // by half ranks above one whose large K/V moved by a tenth (Gemma 3 RAG, 48 prompts: KL
-      // 0.028 -> 0.0165 against the absolute squared distance, README "Chunk-level KV reuse").
+      // 0.028 -> 0.0165 against the absolute squared distance, docs/chunk-reuse.md).
       double dk2 = 0, dv2 = 0, k2 = 0, v2 = 0;
       for (int64_t i = 0; i < nkv; ++i) {
         const double kk = k[int64_t(r) * nkv + i], vv = v[int64_t(r) * nkv + i];

@@ -27,16 +27,11 @@
 // buffered and each extent's pages are dropped from the page cache afterwards with
 // posix_fadvise(DONTNEED). The alternative, mmap with MADV_WILLNEED ahead and
 // MADV_DONTNEED + fadvise(DONTNEED) behind, is measured by `kvboost bench stream`, which also
-// measures this disk's O_DIRECT limit. Measured on the development VM (virtio disk, 2 shared
-// cores at load average 8-16, Qwen2.5-1.5B-shaped bf16, 94 MB layer reads, page cache dropped;
-// GB/s, medians of 3 round-robin runs, four runs of the bench; README "Layer streaming"):
-//   O_DIRECT pread ....................... 0.36  0.41  0.37  0.54
-//   buffered pread + fadvise DONTNEED .... 0.77  0.97  0.24  0.25
-//   mmap + MADV_WILLNEED, pages touched .. 0.81  0.67  0.45  0.41
-// No method won consistently on this noisy host. pread + O_DIRECT is the default because its
-// memory is exactly the slots (page-cache pages of a mapping are charged to the process while
-// mapped and kept by the kernel after MADV_DONTNEED until fadvise drops them) and because end to
-// end it decoded faster than buffered reads under the same load (0.142 vs 0.093 tok/s);
+// measures this disk's O_DIRECT limit (numbers: docs/layer-streaming.md and
+// docs/measurements/2026-11-30-layer-streaming.md). No method won consistently on a noisy host.
+// pread + O_DIRECT is the default because its memory is exactly the slots (page-cache pages of a
+// mapping are charged to the process while mapped and kept by the kernel after MADV_DONTNEED
+// until fadvise drops them) and because end to end it decoded faster than buffered reads there;
 // KVBOOST_STREAM_IO=buffered selects buffered reads for disks where readahead wins.
 #pragma once
 

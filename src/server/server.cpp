@@ -772,7 +772,11 @@ Server::Server(Engine& engine, ServerOptions opt) : impl_(std::make_unique<Impl>
     if (name.empty()) name = "kvboost";
   }
   s.ctx.model_name = name;
-  if (!s.opt.model_dir.empty()) {
+  if (!s.opt.chat_config.empty()) {
+    s.ctx.chat_config = s.opt.chat_config;
+    chat_template_source(s.ctx.chat_config);  // throws Error when it holds no template
+    s.ctx.has_chat_template = true;
+  } else if (!s.opt.model_dir.empty()) {
     std::string dir = s.opt.model_dir;
     if (dir.size() > 5 && dir.compare(dir.size() - 5, 5, ".gguf") == 0) {
       const size_t slash = dir.find_last_of('/');

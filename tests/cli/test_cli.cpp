@@ -36,7 +36,7 @@ Proc run(const std::string& args, const std::string& stdin_data = "") {
   return r;
 }
 
-std::string stories() { return kvboost::test::shared_path("models/stories260K"); }
+std::string stories() { return kvboost::test::model_path("stories260K"); }
 
 }  // namespace
 

@@ -206,7 +206,7 @@ TEST(GpuDecoder, StreamedIsBitIdenticalToResident) {
 
 TEST(GpuDecoder, Stories260KGreedyMatchesCpuAndOracle) {
   REQUIRE_GPU();
-  const std::string dir = test::shared_path("models/stories260K");
+  const std::string dir = test::model_path("stories260K");
   KVBOOST_REQUIRE_PATH(dir);
   auto m = Model::load(dir);
   const int64_t V = m->config().vocab_size;

@@ -291,7 +291,7 @@ TEST(HeadQuant, GgufQuantizedHeadKeptFloatHeadQuantized) {
 // continuations of the oracle prompts with the quantized head against the float head's (which
 // equal llama2.c's reference_greedy.json, test_model).
 TEST(HeadQuant, Stories260KGreedy) {
-  const std::string dir = test::shared_path("models/stories260K");
+  const std::string dir = test::model_path("stories260K");
   KVBOOST_REQUIRE_PATH(dir);
   auto ref = Model::load(dir, head(HeadQuant::None));
   auto q8 = Model::load(dir, head(HeadQuant::Q8_0));

@@ -12,7 +12,7 @@ using namespace kvboost;
 using nlohmann::json;
 
 namespace {
-std::string stories() { return test::shared_path("models/stories260K"); }
+std::string stories() { return test::model_path("stories260K"); }
 
 std::vector<int32_t> greedy(const Model& m, std::vector<int32_t> ids, int max_new, const std::vector<int32_t>& stop) {
   const auto& c = m.config();

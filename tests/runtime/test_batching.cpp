@@ -8,7 +8,7 @@
 using namespace kvboost;
 
 namespace {
-std::string stories() { return test::shared_path("models/stories260K"); }
+std::string stories() { return test::model_path("stories260K"); }
 
 const std::vector<std::string> kPrompts = {"Once upon a time", "The cat sat on the", "Lily and Ben went to the park",
                                            "One day, a little bird"};

@@ -7,7 +7,7 @@
 using namespace kvboost;
 
 namespace {
-std::string stories() { return test::shared_path("models/stories260K"); }
+std::string stories() { return test::model_path("stories260K"); }
 }  // namespace
 
 TEST(Engine, Stories260KStoryStreamsExactly) {

@@ -8,7 +8,7 @@
 using namespace kvboost;
 
 namespace {
-std::string stories() { return test::shared_path("models/stories260K"); }
+std::string stories() { return test::model_path("stories260K"); }
 
 // Last-position logits of `ids` through paged memory shared via the manager (prefix reuse).
 std::vector<float> paged_logits(const Model& m, kv::KvCacheManager& mgr, kv::PagedKvStorage& st, kv::SeqId seq,

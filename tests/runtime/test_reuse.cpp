@@ -11,7 +11,7 @@
 using namespace kvboost;
 
 namespace {
-std::string stories() { return test::shared_path("models/stories260K"); }
+std::string stories() { return test::model_path("stories260K"); }
 
 const char* kDocs[] = {
     "Tom had a red ball. He liked to throw it high in the sky. One day the ball fell in the pond and Tom was sad.",

@@ -6,7 +6,7 @@
 using namespace kvboost;
 
 TEST(ColdSpill, QuarterHotBudgetGivesTheSameGreedyOutput) {
-  const std::string stories = test::shared_path("models/stories260K");
+  const std::string stories = test::model_path("stories260K");
   KVBOOST_REQUIRE_PATH(stories);
   GenerateOptions opt;
   opt.max_new_tokens = 251;  // 5 prompt tokens + 251 = 256 tokens = 16 blocks of 16

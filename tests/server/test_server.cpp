@@ -803,7 +803,7 @@ TEST(Server, ShutdownGraceZeroCancels) {
 }
 
 TEST(Server, Stories260kHasNoChatTemplate) {
-  const std::string dir = test::shared_path("models/stories260K");
+  const std::string dir = test::model_path("stories260K");
   KVBOOST_REQUIRE_PATH(dir);
   auto engine = Engine::load(dir);
   ServerOptions o;

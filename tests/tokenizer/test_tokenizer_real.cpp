@@ -170,7 +170,7 @@ TEST(TokenizerLlama3, BosAndSpecials) {
 }
 
 TEST(TokenizerStories, ReferencePromptIds) {
-  const std::string dir = kvboost::test::shared_path("models/stories260K");
+  const std::string dir = kvboost::test::model_path("stories260K");
   KVBOOST_REQUIRE_PATH(dir + "/reference_greedy.json");
   Tokenizer t = Tokenizer::from_dir(dir);
   EXPECT_EQ(t.vocab_size(), 512);
@@ -192,7 +192,7 @@ TEST(TokenizerStories, ReferencePromptIds) {
 }
 
 TEST(TokenizerStories, ByteFallbackRoundTrip) {
-  const std::string dir = kvboost::test::shared_path("models/stories260K");
+  const std::string dir = kvboost::test::model_path("stories260K");
   KVBOOST_REQUIRE_PATH(dir + "/tokenizer.json");
   Tokenizer t = Tokenizer::from_dir(dir);
   for (std::string s : {"Once upon a time", "  two  spaces", "中文 😀 é", "tab\tnew\nline"}) {

@@ -53,7 +53,7 @@ const char* kTexts[] = {
 }  // namespace
 
 TEST(TokenizerStream, StoriesByteFallbackEmojiNeverHalf) {
-  const std::string dir = kvboost::test::shared_path("models/stories260K");
+  const std::string dir = kvboost::test::model_path("stories260K");
   KVBOOST_REQUIRE_PATH(dir + "/tokenizer.json");
   Tokenizer t = Tokenizer::from_dir(dir);
   std::vector<int32_t> ids = t.encode("Hi 😀 and 中 ok");
@@ -103,7 +103,7 @@ TEST(TokenizerStream, ByteLevelSplitCharacters) {
 // SentencePiece token keeps its leading space ("Once upon a" + " time"; decode(ids) alone strips
 // it), whole characters only, and the byte-level tokenizer's text is unchanged by it.
 TEST(TokenizerStream, ContinuationOfAPromptKeepsTheLeadingSpace) {
-  const std::string dir = kvboost::test::shared_path("models/stories260K");
+  const std::string dir = kvboost::test::model_path("stories260K");
   KVBOOST_REQUIRE_PATH(dir + "/tokenizer.json");
   Tokenizer t = Tokenizer::from_dir(dir);
   for (const char* s : {"Once upon a time, there was a little girl.", "Hi 😀 and 中 ok", " x\n\n  y"}) {

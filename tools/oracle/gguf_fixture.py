@@ -395,10 +395,12 @@ def write_tokenizer(src, out, n_vocab=None, pre=None):
     w.close()
 
 
-def tokenizer_suite(fixture_bin, shared, out):
+def tokenizer_suite(fixture_bin, shared, out, models=None):
     os.makedirs(out, exist_ok=True)
+    # stories260K is committed in the repository's models/; the real tokenizers stay in ../shared.
+    models = models or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models")
     srcs = {"qwen25": os.path.join(shared, "tokenizers/qwen2.5"), "llama3": os.path.join(shared, "tokenizers/llama3"),
-            "stories260K": os.path.join(shared, "models/stories260K")}
+            "stories260K": os.path.join(models, "stories260K")}
     for kind in ("bytelevel", "sentencepiece"):
         d = os.path.join(out, "fixture_" + kind + "_model")
         shutil.rmtree(d, ignore_errors=True)
@@ -435,6 +437,7 @@ def main():
     ts.add_argument("--fixture", required=True)
     ts.add_argument("--shared", required=True)
     ts.add_argument("--out", required=True)
+    ts.add_argument("--models", help="the repository's models/ (default: ../../models from this script)")
     d = sub.add_parser("dequant")
     d.add_argument("--out", required=True)
     s = sub.add_parser("suite")
@@ -446,7 +449,7 @@ def main():
     elif a.cmd == "tokenizer":
         write_tokenizer(a.src, a.out, a.n_vocab, a.pre)
     elif a.cmd == "tokenizers":
-        tokenizer_suite(a.fixture, a.shared, a.out)
+        tokenizer_suite(a.fixture, a.shared, a.out, a.models)
     elif a.cmd == "dequant":
         write_dequant(a.out)
     else:
