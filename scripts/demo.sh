@@ -34,7 +34,11 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBOOST_BUILD_TESTS=OFF >/dev/null
+# A fresh build directory is configured without the tests (no GoogleTest needed); an existing one
+# (scripts/test.sh's) is kept as it is.
+if [[ ! -f build/CMakeCache.txt ]]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBOOST_BUILD_TESTS=OFF >/dev/null
+fi
 cmake --build build --target kvboost
 
 if [[ $# -gt 0 ]]; then exec ./build/kvboost generate "$@"; fi

@@ -42,6 +42,6 @@ if [[ "${KVBOOST_SKIP_DEPS:-0}" != "1" ]]; then
   bash scripts/install-deps.sh
 fi
 
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBOOST_BUILD_TESTS=ON  # demo.sh may have set OFF
 cmake --build "$build_dir" -j "$jobs"
 ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" "${ctest_args[@]}"

@@ -17,6 +17,7 @@
 #include "api.h"
 #include "http.h"
 #include "kvboost/model.h"
+#include "kvboost/chat.h"
 #include "kvboost/server.h"
 #include "test_util.h"
 
@@ -829,6 +830,24 @@ TEST(Server, Stories260kHasNoChatTemplate) {
   for (const auto& t : b["choices"][0]["logprobs"]["tokens"]) joined += t.get<std::string>();
   EXPECT_EQ(joined, text);
   EXPECT_TRUE(b["choices"][0]["logprobs"]["top_logprobs"][0].contains(" time")) << b.dump();
+}
+
+// kvboost serve --chat-template (ServerOptions::chat_config): a model without a template of its
+// own answers chat requests through the given one (issue 20).
+TEST(Server, ChatConfigGivesAModelATemplate) {
+  const std::string dir = test::model_path("stories260K");
+  KVBOOST_REQUIRE_PATH(dir);
+  auto engine = Engine::load(dir);
+  ServerOptions o;
+  o.model_name = "stories260K";
+  o.chat_config = with_chat_template(read_file(dir + "/tokenizer_config.json"), *builtin_chat_template("chatml"));
+  TestServer s(*engine, o, dir);
+  HttpResponse r = s.post("/v1/chat/completions", json{{"model", "stories260K"}, {"max_tokens", 4}, {"temperature", 0},
+                                                       {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  // the prompt is the ChatML rendering of the one message: its tokens, as the engine counts them
+  const std::string prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+  EXPECT_EQ(body_of(r)["usage"]["prompt_tokens"], engine->tokenizer().encode(prompt, false).size());
 }
 
 }  // namespace
