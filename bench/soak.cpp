@@ -113,6 +113,8 @@ int main(int argc, char** argv) {
           ++statuses[hr.status == 200 ? 200 : hr.status];
           if (now_ms() - t0 > 1000) ++health_slow;
         }
+        // A client told 503 (Retry-After: 1) backs off a little rather than hammering.
+        if (status == 503) std::this_thread::sleep_for(std::chrono::milliseconds(200 + int(rng() % 300)));
         std::lock_guard<std::mutex> l(mu);
         ++statuses[broke ? -2 : status];
         cancelled += did_cancel;

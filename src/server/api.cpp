@@ -243,7 +243,8 @@ void set_max_tokens(const ojson& body, const ApiContext& ctx, ParsedRequest& p, 
   }
   if (*mt < 1) bad(std::string("'") + mt_name + "' must be at least 1, got " + std::to_string(*mt), mt_name, "invalid_value");
   if (*mt > room)
-    bad("this model's maximum context length is " + std::to_string(ctx.context_length) + " tokens; you requested " +
+    bad(std::string("'") + mt_name + "' = " + std::to_string(*mt) + ": this model's maximum context length is " +
+            std::to_string(ctx.context_length) + " tokens; you requested " +
             // saturating: max_tokens may be as large as INT64_MAX (no signed overflow)
             std::to_string(*mt > INT64_MAX - n_prompt ? INT64_MAX : n_prompt + *mt) + " tokens (" + std::to_string(n_prompt) + " in the prompt, " +
             std::to_string(*mt) + " for the completion)",

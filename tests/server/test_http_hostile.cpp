@@ -388,5 +388,48 @@ TEST(HttpHostile, WarmFloodStaysWithinThePinBudget) {
   srv.stop();
 }
 
+// Findings: max_tokens 9223372036854775807 overflowed a signed int (UBSan killed the server),
+// 1e400 was a 500, blend_check_layer 999 on a small model was accepted.
+TEST(HttpHostile, NumbersInRequestsAreRangeChecked) {
+  TestServer s;
+  struct Case {
+    std::string body;
+    const char* param;  // "" = the error names no field (a JSON-level problem)
+    const char* says;
+  };
+  const int64_t n_layers = tiny_engine().model().config().n_layers;
+  const std::vector<Case> cases = {
+      {R"({"prompt":"hi","max_tokens":9223372036854775807})", "max_tokens", "max_tokens"},
+      {R"({"prompt":"hi","max_completion_tokens":9223372036854775807})", "max_completion_tokens", "max_completion_tokens"},
+      {R"({"prompt":"hi","max_tokens":18446744073709551615})", "max_tokens", "max_tokens"},
+      {R"({"prompt":"hi","max_tokens":-9223372036854775808})", "max_tokens", "max_tokens"},
+      {R"({"prompt":"hi","max_tokens":1e400})", "", "out of range"},
+      {R"({"prompt":"hi","max_tokens":2,"temperature":1e400})", "", "out of range"},
+      {R"({"prompt":"hi","max_tokens":2,"top_k":9223372036854775807})", "top_k", "top_k"},
+      {R"({"prompt":"hi","max_tokens":2,"logprobs":9223372036854775807})", "logprobs", "logprobs"},
+      {R"({"prompt":"hi","max_tokens":2,"reuse":{"mode":"cacheblend","blend_check_layer":999}})", "blend_check_layer",
+       "blend_check_layer"},
+      {R"({"prompt":"hi","max_tokens":2,"reuse":{"mode":"cacheblend","blend_check_layer":)" + std::to_string(n_layers) +
+           "}}",
+       "blend_check_layer", "blend_check_layer"},
+      {R"({"prompt":"hi","max_tokens":2,"reuse":{"mode":"cacheblend","repair_tokens":1e300}})", "repair_tokens",
+       "repair_tokens"},
+      {R"({"prompt":[1,2,9223372036854775807],"max_tokens":2})", "prompt", "prompt"},
+  };
+  for (const Case& c : cases) {
+    const server::HttpResponse r = server::http_request("127.0.0.1", s.port, "POST", "/v1/completions", c.body);
+    EXPECT_EQ(r.status, 400) << c.body << " -> " << r.body;
+    const json e = json::parse(r.body)["error"];
+    if (*c.param) EXPECT_EQ(e["param"], c.param) << r.body;
+    EXPECT_NE(e["message"].get<std::string>().find(c.says), std::string::npos) << r.body;
+  }
+  // The last layer is a valid check layer.
+  const server::HttpResponse ok = server::http_request(
+      "127.0.0.1", s.port, "POST", "/v1/completions",
+      R"({"prompt":"hi","max_tokens":2,"reuse":{"mode":"cacheblend","blend_check_layer":)" + std::to_string(n_layers - 1) +
+          "}}");
+  EXPECT_EQ(ok.status, 200) << ok.body;
+}
+
 }  // namespace
 }  // namespace kvboost
