@@ -410,10 +410,14 @@ struct ChunkStoreOptions {
   size_t disk_bytes = 0;      // 0 = unlimited
   KvQuant quant = KvQuant::kF32;
   std::string model_id;       // disk files written for another model id are ignored
+  // Pinned chunks (warm) count against ram_bytes and never exceed it; each owner (tenant) may
+  // pin at most this many bytes (0 = no per-owner cap). A pin over either limit is refused.
+  size_t max_pinned_per_owner = 0;
 };
 
 struct ChunkStats {
   int64_t entries = 0, entries_ram = 0, entries_disk = 0, pinned = 0;
+  int64_t pinned_bytes = 0, pins_refused = 0;
   int64_t bytes_ram = 0, bytes_disk = 0;
   int64_t lookups = 0, prefix_hits = 0, content_hits = 0, disk_loads = 0, corrupt = 0;
   int64_t stores = 0, evictions_ram = 0, evictions_disk = 0;
@@ -440,9 +444,15 @@ class ChunkStore {
   bool contains_prefix(uint64_t prefix_key) const;
   bool contains_content(uint64_t content_key) const;
   // Adds a chunk (its keys say under which indexes). An existing entry with the same prefix key
-  // (or, for content-only chunks, content key) is kept and only pinned if asked.
-  void put(std::shared_ptr<Chunk> c, bool pin = false);
+  // (or, for content-only chunks, content key) is kept and only pinned if asked. Returns false
+  // when a pin was refused (over ram_bytes or the owner's max_pinned_per_owner): the chunk is
+  // then stored unpinned, evictable like any other.
+  bool put(std::shared_ptr<Chunk> c, bool pin = false, const std::string& owner = "");
+  size_t pinned_bytes(const std::string& owner) const;  // what that owner has pinned
   void unpin_all();
+  // Reads every disk-tier file in full and checks its checksum (start-up only checks headers and
+  // sizes); corrupt files are removed, counted and listed in stats(). Returns how many.
+  int64_t verify_disk();
   void flush();  // waits until queued disk writes are done
   ChunkStats stats() const;
 
@@ -463,6 +473,9 @@ class ChunkStore {
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, std::unique_ptr<Entry>> entries_;  // by entry id
   std::unordered_map<uint64_t, uint64_t> by_prefix_, by_content_;
+  std::unordered_map<std::string, size_t> pinned_by_owner_;
+  bool may_pin_locked(const std::string& owner, size_t bytes) const;
+  void unpin_locked(Entry& e);
   uint64_t next_id_ = 1, tick_ = 0;
   ChunkStats st_;
   // disk writer

@@ -120,6 +120,7 @@ struct ReusePolicy {
   bool store = true;            // store computed chunks and blocks for later requests (false:
                                 // the request leaves no trace in any cache)
   bool pin = false;             // stored chunks stay in RAM (Engine::warm)
+  std::string pin_owner;        // whose pin budget they count against (the server's tenant)
 };
 
 // A generated token's log-probability under the model: log-softmax of the raw logits (before
@@ -173,6 +174,7 @@ struct GenerateResult {
   int64_t n_recomputed = 0;            // reused tokens recomputed anyway (seam repair)
   int64_t n_new = 0;                   // prompt tokens found in no cache
   int64_t n_preempted = 0;             // times the request lost its KV memory and was resumed
+  int64_t n_pin_refused = 0;           // chunks a pin (warm) was refused for: over the pin budget
   bool guarded = false;                // ReusePolicy::guard_lead tripped: the approximate K/V were
                                        // recomputed exactly (n_recomputed counts them)
   float first_lead = 0;                // the first token's top logit minus the runner-up's, as

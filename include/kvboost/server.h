@@ -3,9 +3,10 @@
 //
 // Endpoints: POST /v1/completions, POST /v1/chat/completions (streaming with Server-Sent
 // Events), GET /v1/models, GET /health, GET /v1/stats, POST /v1/warm, GET /metrics (Prometheus).
-// Threads: one accept thread, one thread per connection (bounded), and one scheduler thread that
-// alone calls Engine::step(); connection threads submit requests and stream from a per-request
-// queue that the engine's on_text callback fills.
+// Threads: one HTTP event loop (reads and parses every connection), a bounded pool of handler
+// threads (complete requests only), and one scheduler thread that alone calls Engine::step();
+// handlers submit requests and stream from a per-request queue that the engine's on_text
+// callback fills.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +32,13 @@ struct ServerOptions {
   size_t max_body_bytes = 8u << 20;  // larger request bodies: 413
   int64_t max_prompt_tokens = 0;     // 0 = the context length - 1
   int64_t max_queue = 64;            // requests waiting beyond those running; more: 503
-  int max_connections = 512;         // open connections; more: 503 at once
+  int max_connections = 4096;        // open connections; at the cap the oldest idle (or still
+                                     // sending headers) is closed for a new one, else 503
+  int max_connections_per_client = 128;  // per client IP address; more: 429 at once
+  double header_timeout_s = 10;      // first byte of a request -> end of its headers; then 408
+  double body_timeout_s = 10;        // end of headers -> end of the body; then 408
+  // CORS: origins whose browser pages may call the API ("*": any); empty: no CORS headers.
+  std::vector<std::string> allowed_origins;
   double keep_alive_s = 5;           // an idle persistent connection is closed after this; 0: one
                                      // request per connection
   double timeout_s = 600;            // per request, from arrival to last token; then cancelled

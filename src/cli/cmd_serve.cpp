@@ -30,6 +30,11 @@ struct ServeArgs {
   bool quiet = false, log_requests = false;
   int64_t ctx_size = 0;
   std::string chat_template;
+  // Hostile clients (docs/reliability.md).
+  int max_connections = 4096, max_connections_per_client = 128;
+  double header_timeout_s = 10, body_timeout_s = 10;
+  std::string allowed_origins;
+  std::string max_pinned_per_tenant = "0";
 };
 
 // A server runs many sequences at once: by default room for max_batch whole contexts (the
@@ -70,6 +75,8 @@ void run_serve(const ServeArgs& a) {
   eopt.load.weight_budget = parse_weight_budget(a.weight_budget);
   eopt.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   a.chunks.apply(eopt);
+  eopt.chunk_store.max_pinned_per_owner =
+      a.max_pinned_per_tenant == "0" ? 0 : parse_bytes(a.max_pinned_per_tenant, "--max-pinned-per-tenant");
   auto engine = load_engine(dir, a.quiet, eopt);
   // --chat-template, or the GGUF's own template when no tokenizer_config.json lies beside it.
   const std::string chat_cfg = chat_config_for(dir, a.chat_template, /*require=*/false);
@@ -95,6 +102,19 @@ void run_serve(const ServeArgs& a) {
   so.keep_alive_s = a.keep_alive_s;
   so.shutdown_grace_s = a.grace_s;
   so.log_requests = a.log_requests;
+  so.max_connections = a.max_connections;
+  so.max_connections_per_client = a.max_connections_per_client;
+  so.header_timeout_s = a.header_timeout_s;
+  so.body_timeout_s = a.body_timeout_s;
+  for (size_t p = 0; p < a.allowed_origins.size();) {
+    size_t q = a.allowed_origins.find(',', p);
+    if (q == std::string::npos) q = a.allowed_origins.size();
+    std::string o = a.allowed_origins.substr(p, q - p);
+    while (!o.empty() && o.front() == ' ') o.erase(0, 1);
+    while (!o.empty() && o.back() == ' ') o.pop_back();
+    if (!o.empty()) so.allowed_origins.push_back(o);
+    p = q + 1;
+  }
   Server server(*engine, so);
   server.start();
   if (!a.quiet)
@@ -147,6 +167,22 @@ void add_serve(CLI::App& app) {
   c->add_option("--head-quant", a->head_quant, kHeadQuantHelp)->capture_default_str();
   a->chunks.add(c);
   c->add_flag("--log-requests", a->log_requests, "One line per request on stderr");
+  c->add_option("--max-connections", a->max_connections,
+                "Open connections in all (at the cap the oldest idle one is closed for a new one)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--max-connections-per-client", a->max_connections_per_client,
+                "Open connections per client IP address; more: 429")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--header-timeout", a->header_timeout_s, "Seconds a client may take to send a request's headers (then 408)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--body-timeout", a->body_timeout_s, "Seconds a client may take to send a request's body (then 408)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--max-pinned-per-tenant", a->max_pinned_per_tenant,
+                "Bytes of chunks one tenant (API key) may pin with /v1/warm, e.g. 64MiB (0: only --chunk-ram bounds "
+                "all pins together); more: 507")
+      ->capture_default_str();
+  c->add_option("--allowed-origins", a->allowed_origins,
+                "CORS: comma-separated origins whose pages may call the API, '*' for any (default: none)");
   c->add_flag("-q,--quiet", a->quiet, "No startup or shutdown messages");
   c->callback([a]() { run_serve(*a); });
 }

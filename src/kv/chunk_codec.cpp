@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kvboost/kv.h"
@@ -150,6 +151,41 @@ uint64_t checksum(const Header& h0, const void* tokens, size_t tb, const void* p
   return XXH3_64bits_digest(&st);
 }
 
+// A file of the store, opened so that nothing planted in the folder can hang or redirect us:
+// O_NOFOLLOW (a symlink is refused), O_NONBLOCK (a FIFO does not block the open), then it must be
+// a regular file.
+int open_regular(const std::string& path, off_t* size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) fail(path, ": cannot open: ", std::strerror(errno));
+  struct stat sb;
+  if (::fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    ::close(fd);
+    fail(path, ": not a regular file (a chunk file must be one)");
+  }
+  *size = sb.st_size;
+  return fd;
+}
+
+std::string read_regular(const std::string& path, size_t max_bytes) {
+  off_t size = 0;
+  const int fd = open_regular(path, &size);
+  if (size < 0 || uint64_t(size) > max_bytes) {
+    ::close(fd);
+    fail(path, ": chunk file of ", size, " bytes exceeds the limit of ", max_bytes);
+  }
+  std::string bytes(size_t(size), '\0');
+  size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t n = ::pread(fd, bytes.data() + got, bytes.size() - got, off_t(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += size_t(n);
+  }
+  ::close(fd);
+  bytes.resize(got);
+  return bytes;
+}
+
 void write_all(int fd, const void* p, size_t n, const std::string& path) {
   const char* c = static_cast<const char*>(p);
   while (n > 0) {
@@ -172,7 +208,7 @@ void write_chunk_file(const std::string& path, const Chunk& c, const ChunkShape&
   h.checksum = checksum(h, c.tokens.data(), c.tokens.size() * 4, c.data.data(), c.data.size());
   // Atomic: a reader sees the old file, no file, or the whole new one.
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) fail(tmp, ": cannot create: ", std::strerror(errno));
   try {
     write_all(fd, kMagic, 8, tmp);
@@ -192,7 +228,7 @@ void write_chunk_file(const std::string& path, const Chunk& c, const ChunkShape&
 }
 
 Chunk read_chunk_file(const std::string& path, const ChunkShape& s, uint64_t model_hash) {
-  const std::string bytes = read_file(path);
+  const std::string bytes = read_regular(path, size_t(1) << 34);
   if (bytes.size() < 8 + sizeof(Header)) fail(path, ": truncated chunk file (", bytes.size(), " bytes, header needs ", 8 + sizeof(Header), ")");
   if (std::memcmp(bytes.data(), kMagic, 8) != 0) fail(path, ": not a KVBoost chunk file (bad magic)");
   Header h;
@@ -230,11 +266,10 @@ Chunk read_chunk_file(const std::string& path, const ChunkShape& s, uint64_t mod
 namespace kvboost::kv {
 
 ChunkFileInfo peek_chunk_file(const std::string& path, const ChunkShape& s, uint64_t model_hash) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, ": cannot open: ", std::strerror(errno));
+  off_t size = 0;
+  const int fd = open_regular(path, &size);
   char buf[8 + sizeof(Header)];
   const ssize_t n = ::pread(fd, buf, sizeof buf, 0);
-  const off_t size = ::lseek(fd, 0, SEEK_END);
   ::close(fd);
   if (n != ssize_t(sizeof buf)) fail(path, ": truncated chunk file (no complete header)");
   if (std::memcmp(buf, kMagic, 8) != 0) fail(path, ": not a KVBoost chunk file (bad magic)");
@@ -243,7 +278,8 @@ ChunkFileInfo peek_chunk_file(const std::string& path, const ChunkShape& s, uint
   if (h.version != 1 || h.model_hash != model_hash || h.n_layers != s.n_layers || h.n_kv_heads != s.n_kv_heads ||
       h.head_dim != s.head_dim)
     fail(path, ": chunk file of another model or format");
-  if (h.n_tokens <= 0 || size_t(size) != sizeof buf + size_t(h.n_tokens) * 4 + h.payload_bytes)
+  if (h.n_tokens <= 0 || h.n_tokens > (int64_t(1) << 24) || h.payload_bytes > (uint64_t(1) << 34) ||
+      size_t(size) != sizeof buf + size_t(h.n_tokens) * 4 + h.payload_bytes)
     fail(path, ": truncated chunk file (", size, " bytes)");
   return ChunkFileInfo{ChunkKeys{h.prefix, h.check, h.content}, h.n_tokens, size_t(size)};
 }

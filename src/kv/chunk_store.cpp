@@ -43,6 +43,8 @@ struct ChunkStore::Entry {
   size_t disk_bytes = 0;
   bool queued = false;               // waiting for the writer
   bool pinned = false;
+  std::string owner;                 // who pinned it
+  size_t pin_bytes = 0;              // counted against the pin budgets while pinned
   double score = 0;
   uint64_t last = 0;
   double score_now(uint64_t tick) const { return score * std::exp2(-double(tick - last) / kHalfLife); }
@@ -193,7 +195,35 @@ bool ChunkStore::contains_content(uint64_t k) const {
   return by_content_.count(k) != 0;
 }
 
-void ChunkStore::put(std::shared_ptr<Chunk> c, bool pin) {
+bool ChunkStore::may_pin_locked(const std::string& owner, size_t bytes) const {
+  if (size_t(st_.pinned_bytes) + bytes > opt_.ram_bytes) return false;
+  if (opt_.max_pinned_per_owner) {
+    auto it = pinned_by_owner_.find(owner);
+    const size_t have = it == pinned_by_owner_.end() ? 0 : it->second;
+    if (have + bytes > opt_.max_pinned_per_owner) return false;
+  }
+  return true;
+}
+
+void ChunkStore::unpin_locked(Entry& e) {
+  if (!e.pinned) return;
+  e.pinned = false;
+  --st_.pinned;
+  st_.pinned_bytes -= int64_t(e.pin_bytes);
+  if (auto it = pinned_by_owner_.find(e.owner); it != pinned_by_owner_.end()) {
+    it->second -= std::min(it->second, e.pin_bytes);
+    if (it->second == 0) pinned_by_owner_.erase(it);
+  }
+  e.pin_bytes = 0;
+}
+
+size_t ChunkStore::pinned_bytes(const std::string& owner) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pinned_by_owner_.find(owner);
+  return it == pinned_by_owner_.end() ? 0 : it->second;
+}
+
+bool ChunkStore::put(std::shared_ptr<Chunk> c, bool pin, const std::string& owner) {
   if (!c || c->tokens.empty()) fail("chunk store: empty chunk");
   if (c->data.size() != chunk_layer_bytes(shape_, c->quant, int64_t(c->tokens.size())) * size_t(shape_.n_layers))
     fail("chunk store: chunk data of ", c->data.size(), " bytes does not match its shape");
@@ -205,14 +235,26 @@ void ChunkStore::put(std::shared_ptr<Chunk> c, bool pin) {
   } else if (auto it = by_content_.find(c->keys.content); it != by_content_.end()) {
     existing = it->second;
   }
+  const size_t b = c->bytes();
+  bool refused = false;
+  if (pin && !may_pin_locked(owner, b)) {
+    pin = false;
+    refused = true;
+    ++st_.pins_refused;
+  }
   if (existing) {
     Entry& e = *entries_.at(existing);
-    if (pin && !e.pinned) e.pinned = true, ++st_.pinned;
+    if (pin && !e.pinned) {
+      e.pinned = true, ++st_.pinned;
+      e.owner = owner;
+      e.pin_bytes = b;
+      st_.pinned_bytes += int64_t(b);
+      pinned_by_owner_[owner] += b;
+    }
     if (pin) load_locked(e);
-    return;
+    return !refused;
   }
-  const size_t b = c->bytes();
-  if (!pin && b > opt_.ram_bytes && opt_.disk_dir.empty()) return;  // cannot hold it anywhere
+  if (!pin && b > opt_.ram_bytes && opt_.disk_dir.empty()) return !refused;  // cannot hold it anywhere
   evict_ram_locked(b);
   auto en = std::make_unique<Entry>();
   en->id = next_id_++;
@@ -222,6 +264,12 @@ void ChunkStore::put(std::shared_ptr<Chunk> c, bool pin) {
   en->ram_bytes = b;
   en->pinned = pin;
   st_.pinned += pin;
+  if (pin) {
+    en->owner = owner;
+    en->pin_bytes = b;
+    st_.pinned_bytes += int64_t(b);
+    pinned_by_owner_[owner] += b;
+  }
   st_.bytes_ram += int64_t(b);
   ++st_.stores;
   if (c->keys.prefix) by_prefix_[c->keys.prefix] = en->id;
@@ -233,6 +281,7 @@ void ChunkStore::put(std::shared_ptr<Chunk> c, bool pin) {
     cv_.notify_one();
   }
   entries_[en->id] = std::move(en);
+  return !refused;
 }
 
 void ChunkStore::evict_ram_locked(size_t incoming) {
@@ -289,7 +338,7 @@ void ChunkStore::drop_locked(uint64_t id) {
     ::unlink(e.path.c_str());
     st_.bytes_disk -= int64_t(e.disk_bytes);
   }
-  if (e.pinned) --st_.pinned;
+  unpin_locked(e);
   entries_.erase(it);
 }
 
@@ -343,10 +392,33 @@ void ChunkStore::flush() {
   idle_cv_.wait(lock, [&] { return queue_.empty() && !writing_; });
 }
 
+int64_t ChunkStore::verify_disk() {
+  flush();
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint64_t> bad;
+  for (auto& [id, e] : entries_) {
+    if (e->path.empty()) continue;
+    try {
+      (void)read_chunk_file(e->path, shape_, model_hash_);
+    } catch (const Error& err) {
+      const std::string path = e->path;
+      e->path.clear();
+      st_.bytes_disk -= int64_t(e->disk_bytes);
+      e->disk_bytes = 0;
+      note_corrupt_locked(path, err.what());
+      if (!e->ram) bad.push_back(id);
+    }
+  }
+  for (uint64_t id : bad) drop_locked(id);
+  return int64_t(bad.size());
+}
+
 void ChunkStore::unpin_all() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [id, e] : entries_) e->pinned = false;
+  for (auto& [id, e] : entries_) unpin_locked(*e);
   st_.pinned = 0;
+  st_.pinned_bytes = 0;
+  pinned_by_owner_.clear();
   evict_ram_locked(0);
 }
 

@@ -111,6 +111,25 @@ ModelConfig ModelConfig::from_json(const std::string& config_json,
   c.max_position_embeddings = get_int(j, "max_position_embeddings", source, 2048);
   c.rms_norm_eps = get_num(j, "rms_norm_eps", source, 1e-6);
   c.rope_theta = get_num(j, "rope_theta", source, 10000.0);
+  // Sane limits before anything is sized by these numbers (a GGUF block_count of 2^28 used to end
+  // in a bare std::bad_alloc), and hyper-parameters the math cannot work with.
+  const std::pair<const char*, std::pair<int64_t, int64_t>> limits[] = {
+      {"hidden_size", {c.hidden_size, 1 << 16}},
+      {"intermediate_size", {c.intermediate_size, 1 << 18}},
+      {"num_hidden_layers", {c.n_layers, 1 << 10}},
+      {"num_attention_heads", {c.n_heads, 1 << 10}},
+      {"num_key_value_heads", {c.n_kv_heads, 1 << 10}},
+      {"head_dim", {c.head_dim, 1 << 12}},
+      {"vocab_size", {c.vocab_size, 1 << 24}},
+      {"max_position_embeddings", {c.max_position_embeddings, int64_t(1) << 24}},
+  };
+  for (const auto& [key, vl] : limits)
+    if (vl.first > vl.second)
+      fail(source, ": field \"", key, "\" = ", vl.first, " is out of range (maximum ", vl.second, ")");
+  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
+    fail(source, ": field \"rope_theta\" = ", c.rope_theta, " must be a positive finite number");
+  if (!(c.rms_norm_eps > 0) || !(c.rms_norm_eps < 1))
+    fail(source, ": field \"rms_norm_eps\" = ", c.rms_norm_eps, " must be in (0, 1)");
   const bool gemma3 = c.model_type == "gemma3";
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", source, gemma3);
   c.attention_bias = c.model_type == "qwen2" ? true : get_bool(j, "attention_bias", source, false);

@@ -70,6 +70,19 @@ Weight matrix(const WeightFiles& f, const std::string& dir, const std::string& n
   const size_t want = size_t(rows) * size_t(kernels::wtype_row_bytes(wt, cols));
   if (t.nbytes != want)
     fail(t.file, ": tensor \"", name, "\" (", t.dtype, " [", rows, ", ", cols, "]) has ", t.nbytes, " bytes, expected ", want);
+  // A cheap check for NaN/Inf weights (they give empty output with no warning): three rows of
+  // every float matrix. The norms and biases (vec) are checked in full.
+  if (!kernels::wtype_is_quantized(wt) && t.data) {
+    std::vector<float> row(static_cast<size_t>(cols), 0.0f);
+    const size_t rb = size_t(kernels::wtype_row_bytes(wt, cols));
+    for (int64_t r : {int64_t(0), rows / 2, rows - 1}) {
+      kernels::to_f32(static_cast<const uint8_t*>(t.data) + size_t(r) * rb, wt, row.data(), cols);
+      for (int64_t i = 0; i < cols; ++i)
+        if (!std::isfinite(row[size_t(i)]))
+          fail(t.file, ": tensor \"", name, "\" has a non-finite value (", row[size_t(i)], ") at [", r, ", ", i,
+               "]: corrupt weights");
+    }
+  }
   return Weight{t.data, wt, rows, cols};
 }
 
@@ -96,6 +109,9 @@ std::vector<float> vec(const WeightFiles& f, const std::string& dir, const std::
   const TensorInfo& t = require(f, dir, name, {n});
   std::vector<float> out(static_cast<size_t>(n));
   kernels::to_f32(t.data, wtype_of(t), out.data(), n);
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(out[size_t(i)]))
+      fail(t.file, ": tensor \"", name, "\" has a non-finite value (", out[size_t(i)], ") at [", i, "]: corrupt weights");
   return out;
 }
 

@@ -9,6 +9,7 @@
 //    its interleaved RoPE (pairs 2i, 2i+1) matches HF's rotate-half (pairs i, i + d/2): within
 //    each head, stored row 2i + j is HF row j * d/2 + i. We undo that so the rotate-half RoPE
 //    is right. qwen2/qwen3 files are written without the permutation.
+#include <cmath>
 #include <dirent.h>
 #include <sys/stat.h>
 
@@ -160,6 +161,11 @@ ModelConfig ModelConfig::from_gguf(const std::string& gguf_path) {
   j["max_position_embeddings"] = f.get_int(a + "context_length", 2048);
   j["rms_norm_eps"] = f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-6);
   j["rope_theta"] = f.get_float(a + "rope.freq_base", 10000.0);
+  // JSON has no NaN/Inf (they would become null, i.e. the default): refuse them here.
+  for (const char* k : {"rms_norm_eps", "rope_theta"})
+    if (!std::isfinite(j[k].get<double>()))
+      fail(gguf_path, ": metadata for ", k, " (", a, k[1] == 'm' ? "attention.layer_norm_rms_epsilon" : "rope.freq_base",
+           ") is not a finite number");
   j["tie_word_embeddings"] = f.tensor("output.weight") == nullptr;
   j["attention_bias"] = f.tensor("blk.0.attn_q.bias") != nullptr;
   const std::string rs = f.get_string(a + "rope.scaling.type", "none");

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "kvboost/model.h"
 
@@ -33,16 +34,29 @@ void WeightFiles::add_file(const std::string& path, const std::vector<std::strin
   uint64_t hlen = 0;
   for (int i = 0; i < 8; ++i) hlen |= uint64_t(mf->data()[i]) << (8 * i);
   if (hlen > size - 8) fail(path, ": corrupt safetensors header: header length ", hlen, " exceeds file size ", size);
+  // The format's own limit (safetensors refuses headers over 100 MB).
+  if (hlen > (uint64_t(100) << 20)) fail(path, ": corrupt safetensors header: header length ", hlen, " exceeds 100 MB");
   json header;
+  // A key given twice would silently shadow the first (nlohmann keeps the last): refused.
+  std::string dup_key;
+  std::set<std::string> top_keys;
+  const json::parser_callback_t on_key = [&](int depth, json::parse_event_t ev, json& parsed) {
+    if (ev == json::parse_event_t::key && depth == 1 && !top_keys.insert(parsed.get<std::string>()).second &&
+        dup_key.empty())
+      dup_key = parsed.get<std::string>();
+    return true;
+  };
   try {
     header = json::parse(reinterpret_cast<const char*>(mf->data()) + 8,
-                         reinterpret_cast<const char*>(mf->data()) + 8 + hlen);
-  } catch (const json::parse_error& e) {
+                         reinterpret_cast<const char*>(mf->data()) + 8 + hlen, on_key);
+  } catch (const json::exception& e) {
     fail(path, ": corrupt safetensors header: ", e.what());
   }
+  if (!dup_key.empty()) fail(path, ": corrupt safetensors header: tensor \"", dup_key, "\" appears twice");
   if (!header.is_object()) fail(path, ": corrupt safetensors header: not a JSON object");
   const uint8_t* base = mf->data() + 8 + hlen;
   const uint64_t data_size = size - 8 - hlen;
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> spans;  // [begin, end) of every tensor
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
     if (only && std::find(only->begin(), only->end(), it.key()) == only->end()) continue;
@@ -61,6 +75,7 @@ void WeightFiles::add_file(const std::string& path, const std::vector<std::strin
     uint64_t n = 1;
     for (const auto& d : t["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(where, ": bad shape entry ", d.dump());
+      if (d.get<int64_t>() > (int64_t(1) << 40)) fail(where, ": shape entry ", d.dump(), " too large");
       ti.shape.push_back(d.get<int64_t>());
       n *= uint64_t(d.get<int64_t>());
       if (n > (uint64_t(1) << 40)) fail(where, ": shape too large");
@@ -76,6 +91,7 @@ void WeightFiles::add_file(const std::string& path, const std::vector<std::strin
       fail(where, ": data_offsets span ", e - b, " bytes but shape and dtype need ", n * uint64_t(esize));
     ti.nbytes = size_t(e - b);
     ti.data = base + b;
+    if (e > b) spans.emplace_back(b, e, it.key());
     if (reinterpret_cast<uintptr_t>(ti.data) % uintptr_t(esize) != 0) {
       // Kernels may assume natural alignment: keep an aligned copy of this tensor.
       auto buf = std::make_shared<std::vector<uint8_t>>(ti.data == nullptr ? 0 : ti.nbytes + 64);
@@ -88,6 +104,13 @@ void WeightFiles::add_file(const std::string& path, const std::vector<std::strin
     if (tensors_.count(ti.name)) fail(where, ": tensor appears twice (also in ", tensors_[ti.name].file, ")");
     tensors_[ti.name] = std::move(ti);
   }
+  // Tensors must not share bytes: an overlap means a corrupt (or crafted) header.
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (std::get<0>(spans[i]) < std::get<1>(spans[i - 1]))
+      fail(path, ": corrupt safetensors header: tensors \"", std::get<2>(spans[i - 1]), "\" and \"", std::get<2>(spans[i]),
+           "\" overlap (data_offsets [", std::get<0>(spans[i - 1]), ", ", std::get<1>(spans[i - 1]), ") and [",
+           std::get<0>(spans[i]), ", ", std::get<1>(spans[i]), "))");
   files_.push_back(std::move(mf));
 }
 

@@ -346,7 +346,7 @@ void Engine::store_chunks(Request::State& r) {
       }
       kv::chunk_put_layer(*chunk, shape, l, kbuf.data(), vbuf.data());
     }
-    chunks_->put(std::move(chunk), r.opt.reuse.pin);
+    if (!chunks_->put(std::move(chunk), r.opt.reuse.pin, r.opt.reuse.pin_owner)) ++r.res.n_pin_refused;
   }
 }
 

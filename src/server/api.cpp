@@ -185,7 +185,9 @@ void parse_common(const ojson& body, const ApiContext& ctx, ParsedRequest& p) {
       if (auto n = get_int(*r, "overlap_tokens", 0, 1 << 20)) p.opt.reuse.overlap_tokens = *n;
       if (auto n = get_int(*r, "sink_tokens", 0, 1 << 20)) p.opt.reuse.sink_tokens = *n;
       if (auto f = get_number(*r, "blend_ratio", 0.0, 1.0)) p.opt.reuse.blend_ratio = float(*f);
-      if (auto n = get_int(*r, "blend_check_layer", 0, 1 << 10)) p.opt.reuse.blend_check_layer = *n;
+      // A layer index: checked against the model (a bad one would index past the layers).
+      if (auto n = get_int(*r, "blend_check_layer", 0, ctx.n_layers > 0 ? ctx.n_layers - 1 : (1 << 10)))
+        p.opt.reuse.blend_check_layer = *n;
       if (auto n = get_int(*r, "blend_run_starts", 0, 1 << 20)) p.opt.reuse.blend_run_starts = *n;
       if (auto f = get_number(*r, "blend_first_ratio", 0.0, 1.0)) p.opt.reuse.blend_first_ratio = float(*f);
       if (auto n = get_int(*r, "blend_taper_layers", 1, 1 << 10)) p.opt.reuse.blend_taper_layers = *n;
@@ -241,8 +243,10 @@ void set_max_tokens(const ojson& body, const ApiContext& ctx, ParsedRequest& p, 
   }
   if (*mt < 1) bad(std::string("'") + mt_name + "' must be at least 1, got " + std::to_string(*mt), mt_name, "invalid_value");
   if (*mt > room)
-    bad("this model's maximum context length is " + std::to_string(ctx.context_length) + " tokens; you requested " +
-            std::to_string(n_prompt + *mt) + " tokens (" + std::to_string(n_prompt) + " in the prompt, " +
+    bad(std::string("'") + mt_name + "' = " + std::to_string(*mt) + ": this model's maximum context length is " +
+            std::to_string(ctx.context_length) + " tokens; you requested " +
+            // saturating: max_tokens may be as large as INT64_MAX (no signed overflow)
+            std::to_string(*mt > INT64_MAX - n_prompt ? INT64_MAX : n_prompt + *mt) + " tokens (" + std::to_string(n_prompt) + " in the prompt, " +
             std::to_string(*mt) + " for the completion)",
         mt_name, "context_length_exceeded");
   p.opt.max_new_tokens = int(*mt);
@@ -270,6 +274,9 @@ ojson parse_body(const std::string& body) {
   } catch (const ojson::parse_error& e) {
     // nlohmann rejects invalid UTF-8 and unpaired surrogates in strings, so those land here too.
     bad(std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json");
+  } catch (const ojson::exception& e) {
+    // e.g. out_of_range 406 for a number beyond double's range (1e400): a 400, not a 500.
+    bad(std::string("the request body has a number out of range: ") + e.what(), "", "invalid_json");
   }
   if (!j.is_object()) bad(std::string("the request body must be a JSON object, got ") + type_name(j), "", "invalid_json");
   return j;

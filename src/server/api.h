@@ -31,6 +31,7 @@ struct ApiContext {
   int64_t context_length = 0;
   int64_t max_prompt_tokens = 0;   // prompts longer: 400 (context_length_exceeded)
   int32_t vocab_size = 0;
+  int64_t n_layers = 0;            // layer indices in requests (blend_check_layer) are checked
   std::string model_name;
   std::string chat_config;         // tokenizer_config.json text ("" = none)
   bool has_chat_template = false;

@@ -1,4 +1,6 @@
-// Minimal HTTP/1.1 on POSIX sockets: see http.h for what it does and does not do.
+// HTTP/1.1 on POSIX sockets, the parts a handler and a client use: responses on a connection, and
+// the small client of the tests and bench/server_load. The event loop is in http_server.cpp, the
+// request parser in http_parser.cpp.
 #include "http.h"
 
 #include <arpa/inet.h>
@@ -92,6 +94,7 @@ const char* status_text(int status) {
   switch (status) {
     case 100: return "Continue";
     case 200: return "OK";
+    case 204: return "No Content";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 403: return "Forbidden";
@@ -108,110 +111,29 @@ const char* status_text(int status) {
     case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
+    case 507: return "Insufficient Storage";
     default: return "Unknown";
   }
 }
 
 // ---- HttpConn ----------------------------------------------------------------------------------
 
-HttpConn::~HttpConn() { close(); }
-
-ReadStatus HttpConn::read_request(HttpRequest& req, const HttpLimits& lim, std::string* why) {
-  const double deadline = now_ms() + lim.read_timeout_ms;
-  auto say = [&](const std::string& s) {
-    if (why) *why = s;
-  };
-  std::string data;
-  data.swap(buf_);  // a pipelined request's first bytes
-  size_t head_end;
-  char tmp[16384];
-  for (;;) {
-    head_end = data.find("\r\n\r\n");
-    if (head_end != std::string::npos) break;
-    if (data.size() > lim.max_header_bytes) {
-      say("request headers exceed " + std::to_string(lim.max_header_bytes) + " bytes");
-      return ReadStatus::kHeaderTooLarge;
-    }
-    if (!wait_readable(fd_, deadline, lim.abort)) {
-      say("timed out reading the request headers");
-      return data.empty() ? ReadStatus::kClosed : ReadStatus::kTimeout;
-    }
-    const ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      say("connection closed in the request headers");
-      return data.empty() ? ReadStatus::kClosed : ReadStatus::kBadRequest;
-    }
-    data.append(tmp, size_t(n));
-  }
-  if (head_end > lim.max_header_bytes) {
-    say("request headers exceed " + std::to_string(lim.max_header_bytes) + " bytes");
-    return ReadStatus::kHeaderTooLarge;
-  }
-  std::string first;
-  if (!parse_header_lines(std::string_view(data).substr(0, head_end), first, req.headers)) {
-    say("malformed header line");
-    return ReadStatus::kBadRequest;
-  }
-  // Request line: METHOD SP TARGET SP VERSION
-  const size_t s1 = first.find(' '), s2 = first.rfind(' ');
-  if (s1 == std::string::npos || s2 == s1) {
-    say("malformed request line");
-    return ReadStatus::kBadRequest;
-  }
-  req.method = first.substr(0, s1);
-  req.target = first.substr(s1 + 1, s2 - s1 - 1);
-  req.version = first.substr(s2 + 1);
-  if (req.version.rfind("HTTP/1.", 0) != 0 || req.target.empty() || req.target[0] != '/') {
-    say("malformed request line");
-    return ReadStatus::kBadRequest;
-  }
-  req.path = req.target.substr(0, req.target.find('?'));
-  data.erase(0, head_end + 4);
-
-  const std::string te = lower(req.header("transfer-encoding"));
-  const std::string cl = req.header("content-length");
-  if (!te.empty() && te != "identity") {
-    say("chunked request bodies are not accepted; send Content-Length");
-    return ReadStatus::kLengthRequired;
-  }
-  int64_t length = 0;
-  if (!cl.empty() && !parse_size(cl, length)) {
-    say("invalid Content-Length '" + cl + "'");
-    return ReadStatus::kBadRequest;
-  }
-  if (size_t(length) > lim.max_body_bytes) {
-    say("the request body of " + std::to_string(length) + " bytes exceeds the limit of " +
-        std::to_string(lim.max_body_bytes) + " bytes");
-    return ReadStatus::kTooLarge;
-  }
-  if (length > 0 && lower(req.header("expect")) == "100-continue" && data.empty())
-    write_all("HTTP/1.1 100 Continue\r\n\r\n");
-  while (int64_t(data.size()) < length) {
-    if (!wait_readable(fd_, deadline, lim.abort)) {
-      say("timed out reading the request body");
-      return ReadStatus::kTimeout;
-    }
-    const ssize_t n = ::recv(fd_, tmp, std::min<size_t>(sizeof tmp, size_t(length) - data.size()), 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      say("connection closed in the request body");
-      return ReadStatus::kBadRequest;
-    }
-    data.append(tmp, size_t(n));
-  }
-  req.body = data.substr(0, size_t(length));
-  buf_ = data.substr(size_t(length));
-  return ReadStatus::kOk;
-}
-
+// The socket is non-blocking (the event loop owns it); a write waits for room up to
+// send_timeout_ms without progress, so a client that stops reading cannot hold a handler forever.
 bool HttpConn::write_all(std::string_view data) {
-  if (fd_ < 0) return false;
+  if (fd_ < 0 || failed_) return false;
   while (!data.empty()) {
     const ssize_t n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd_, POLLOUT, 0};
+      const int r = ::poll(&p, 1, send_timeout_ms_);
+      if (r > 0 && !(p.revents & (POLLERR | POLLHUP | POLLNVAL))) continue;
+      if (r < 0 && errno == EINTR) continue;
+    }
     if (n <= 0) {
       keep_alive_ = false;
+      failed_ = true;
       return false;
     }
     data.remove_prefix(size_t(n));
@@ -219,33 +141,25 @@ bool HttpConn::write_all(std::string_view data) {
   return true;
 }
 
-static std::string head_of(int status, std::string_view content_type, const Headers& extra, bool keep_alive) {
+std::string HttpConn::head_of(int status, std::string_view content_type, const Headers& extra) const {
   std::string h = "HTTP/1.1 " + std::to_string(status) + " " + status_text(status) + "\r\n";
   if (!content_type.empty()) h += "Content-Type: " + std::string(content_type) + "\r\n";
+  for (const auto& [k, v] : extra_) h += k + ": " + v + "\r\n";
   for (const auto& [k, v] : extra) h += k + ": " + v + "\r\n";
-  h += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
+  h += keep_alive_ ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
   return h;
-}
-
-bool HttpConn::wait_request(int timeout_ms, const std::atomic<bool>* abort) {
-  if (fd_ < 0) return false;
-  if (!buf_.empty()) return true;
-  if (!wait_readable(fd_, now_ms() + timeout_ms, abort)) return false;
-  char c;
-  const ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK);
-  return n > 0;
 }
 
 bool HttpConn::send_response(int status, std::string_view content_type, std::string_view body,
                              const Headers& extra) {
-  std::string h = head_of(status, content_type, extra, keep_alive_);
+  std::string h = head_of(status, content_type, extra);
   h += "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
   h.append(body);
   return write_all(h);
 }
 
 bool HttpConn::begin_stream(int status, std::string_view content_type, const Headers& extra) {
-  std::string h = head_of(status, content_type, extra, keep_alive_);
+  std::string h = head_of(status, content_type, extra);
   h += "Transfer-Encoding: chunked\r\n\r\n";
   return write_all(h);
 }
@@ -263,13 +177,13 @@ bool HttpConn::send_chunk(std::string_view data) {
 bool HttpConn::end_stream() { return write_all("0\r\n\r\n"); }
 
 bool HttpConn::peer_closed() {
-  if (fd_ < 0) return true;
+  if (fd_ < 0 || failed_) return true;
   pollfd p{fd_, POLLIN | POLLRDHUP, 0};
   const int r = ::poll(&p, 1, 0);
   if (r <= 0) return false;
   if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
   if (p.revents & POLLIN) {
-    // Readable with no request pending: either EOF (closed) or unexpected bytes (kept).
+    // Readable with no request pending: either EOF (closed) or pipelined bytes (kept).
     char c;
     const ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n == 0) return true;
@@ -278,83 +192,9 @@ bool HttpConn::peer_closed() {
   return false;
 }
 
-void HttpConn::close(bool drain_input) {
-  if (fd_ < 0) return;
-  ::shutdown(fd_, SHUT_WR);
-  if (drain_input) {
-    // Lingering close: read and drop what the client still sends (bounded in time and bytes).
-    const double deadline = now_ms() + 500;
-    size_t total = 0;
-    char tmp[16384];
-    while (total < (64u << 20) && wait_readable(fd_, deadline)) {
-      const ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
-      if (n <= 0) break;
-      total += size_t(n);
-    }
-  }
-  ::close(fd_);
-  fd_ = -1;
-}
-
-// ---- HttpListener ------------------------------------------------------------------------------
-
-HttpListener::~HttpListener() { close(); }
-
-void HttpListener::bind(const std::string& host, int port) {
-  if (port < 0 || port > 65535) fail("port ", port, " is out of range [0, 65535]");
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  const std::string service = std::to_string(port);
-  const int gai = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
-  if (gai != 0) fail("cannot resolve host '", host, "': ", gai_strerror(gai));
-  std::string last_err = "no address";
-  for (addrinfo* a = res; a; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      last_err = std::strerror(errno);
-      continue;
-    }
-    const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
-      last_err = std::strerror(errno);
-      ::close(fd);
-      continue;
-    }
-    sockaddr_storage ss{};
-    socklen_t len = sizeof ss;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-    port_ = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-                                     : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-    fd_ = fd;
-    break;
-  }
-  ::freeaddrinfo(res);
-  if (fd_ < 0) fail("cannot listen on ", host, ":", port, ": ", last_err);
-}
-
-int HttpListener::accept(int timeout_ms) {
-  if (fd_ < 0) return -1;
-  pollfd p{fd_, POLLIN, 0};
-  if (::poll(&p, 1, timeout_ms) <= 0) return -1;
-  const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-  if (c < 0) return -1;
-  const int one = 1;
-  ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // stream tokens as they come
-  return c;
-}
-
-void HttpListener::close() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
-
 // ---- client ------------------------------------------------------------------------------------
 
-int http_connect(const std::string& host, int port, int timeout_ms) {
+int http_connect(const std::string& host, int port, int timeout_ms, const std::string& source) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -364,6 +204,16 @@ int http_connect(const std::string& host, int port, int timeout_ms) {
   for (addrinfo* a = res; a && fd < 0; a = a->ai_next) {
     fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
+    if (!source.empty() && a->ai_family == AF_INET) {
+      sockaddr_in src{};
+      src.sin_family = AF_INET;
+      if (::inet_pton(AF_INET, source.c_str(), &src.sin_addr) != 1 ||
+          ::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) {
+        ::close(fd);
+        fd = -1;
+        continue;
+      }
+    }
     if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
       ::close(fd);
       fd = -1;

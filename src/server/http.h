@@ -1,12 +1,16 @@
 // Internal to kvboost_server: a small HTTP/1.1 server and client on POSIX sockets — exactly what
-// an OpenAI-style API needs: persistent connections (HTTP/1.1 keep-alive, one request at a time),
-// Content-Length bodies with a size limit, chunked responses for Server-Sent Events, and a way to
-// notice that the peer went away while a response is still being produced (to cancel its work).
+// an OpenAI-style API needs: persistent connections (HTTP/1.1 keep-alive, pipelined requests
+// answered in order), Content-Length and chunked request bodies with size limits, chunked
+// responses for Server-Sent Events, and a way to notice that the peer went away while a response
+// is still being produced (to cancel its work). Why our own and not cpp-httplib: see
+// docs/reliability.md (its thread-per-connection pool is starved by slow clients).
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -24,35 +28,75 @@ struct HttpRequest {
   std::string header(std::string_view name) const;
 };
 
-struct HttpLimits {
-  size_t max_header_bytes = 64 << 10;
-  size_t max_body_bytes = 8 << 20;
-  int read_timeout_ms = 30'000;  // for the whole request (slow clients cannot hold a thread forever)
-  const std::atomic<bool>* abort = nullptr;  // when set and true, reading gives up (shutdown)
-};
-
-enum class ReadStatus {
-  kOk,
-  kClosed,          // the peer closed before sending a request
-  kBadRequest,      // malformed request line / headers / length
-  kTooLarge,        // Content-Length above the limit (413)
-  kHeaderTooLarge,  // headers above the limit (431)
-  kLengthRequired,  // a body without Content-Length (chunked uploads are not accepted) (411)
-  kTimeout,         // (408)
-};
-
 const char* status_text(int status);
 
-// One accepted connection. Owns the socket.
+// Limits and deadlines of the server side. Each phase of a request has its own deadline, so a
+// client that trickles bytes (slowloris) is cut off after header_timeout_ms / body_timeout_ms
+// however steadily it sends, and a Content-Length larger than the body times out after the body
+// phase's deadline, not after some long whole-request timeout.
+struct HttpServerOptions {
+  size_t max_header_bytes = 64 << 10;  // request line + headers (and chunked trailers); more: 431
+  size_t max_body_bytes = 8 << 20;     // Content-Length or decoded chunked body; more: 413
+  int header_timeout_ms = 10'000;      // first byte of a request -> end of its headers; then 408
+  int body_timeout_ms = 10'000;        // end of headers -> end of body; then 408
+  int keep_alive_ms = 5'000;           // idle between requests, then closed; 0: one request each
+  int send_timeout_ms = 30'000;        // a response write that makes no progress this long fails
+  int max_connections = 4096;          // open connections in all; at the cap the oldest connection
+                                       // with no request in progress (idle, or still sending its
+                                       // headers) is closed to make room; if none, 503
+  int max_connections_per_client = 128;  // per client IP address; more: 429 at once
+  int n_workers = 16;                  // threads running handlers (complete requests only)
+  // The body of an error the layer answers itself (400, 408, 413, 429, 431, 501, 503), and a
+  // hook that counts it. Both optional.
+  std::function<std::string(int status, const std::string& message, const std::string& code)> error_body;
+  std::function<void(int status)> on_error;
+};
+
+// The incremental HTTP/1.1 request parser (strict framing, RFC 9112): CRLF line ends only (a bare
+// LF or CR is refused at once), no obsolete line folding, no whitespace before a header's colon,
+// at most one Content-Length, of digits; Transfer-Encoding exactly "chunked" and never together
+// with Content-Length. Request bodies: Content-Length or chunked (decoded; trailers dropped).
+class RequestParser {
+ public:
+  enum class State { kNeedMore, kDone, kError };
+  enum class Phase { kIdle, kHead, kBody };
+  explicit RequestParser(const HttpServerOptions* lim) : lim_(lim) {}
+  // Feeds more bytes. kDone: take() the request; the bytes after it stay buffered (pipelining)
+  // and reset() starts parsing them. kError: error_status()/error()/error_code() say why.
+  State feed(std::string_view data);
+  State state() const { return state_; }
+  Phase phase() const;
+  HttpRequest take() { return std::move(req_); }
+  void reset();          // the next request, starting with the buffered bytes
+  bool want_continue();  // true once, when a "100 Continue" should be sent
+  int error_status() const { return err_status_; }
+  const std::string& error() const { return err_; }
+  const std::string& error_code() const { return err_code_; }
+
+ private:
+  State fail(int status, std::string why, std::string code);
+  State parse();
+  State parse_head(size_t head_end);
+  const HttpServerOptions* lim_;
+  std::string buf_;
+  size_t pos_ = 0;   // parse position in buf_
+  size_t scan_ = 0;  // head: bytes already checked for bare CR/LF
+  State state_ = State::kNeedMore;
+  enum class Step { kHead, kLength, kChunkSize, kChunkData, kChunkCrlf, kTrailers } step_ = Step::kHead;
+  int64_t left_ = 0;  // kLength / kChunkData: bytes left
+  size_t trailer_start_ = 0;
+  bool continue_ = false;
+  HttpRequest req_;
+  int err_status_ = 0;
+  std::string err_, err_code_;
+};
+
+// One connection while a handler answers its request. Does not own the socket (the server does).
 class HttpConn {
  public:
-  explicit HttpConn(int fd) : fd_(fd) {}
-  ~HttpConn();
+  HttpConn(int fd, int send_timeout_ms) : fd_(fd), send_timeout_ms_(send_timeout_ms) {}
   HttpConn(const HttpConn&) = delete;
   HttpConn& operator=(const HttpConn&) = delete;
-
-  // Reads one request. On kTooLarge the body is not read (the response then goes out at once).
-  ReadStatus read_request(HttpRequest& req, const HttpLimits& lim, std::string* why);
 
   // A complete response. Returns false when the peer is gone.
   bool send_response(int status, std::string_view content_type, std::string_view body,
@@ -65,39 +109,52 @@ class HttpConn {
   // connection) or "Connection: close". Off after a failed write.
   void set_keep_alive(bool on) { keep_alive_ = on; }
   bool keep_alive() const { return keep_alive_; }
-  // Waits up to timeout_ms for the start of another request (bytes already buffered count).
-  // False when none came, the peer closed, or *abort became true.
-  bool wait_request(int timeout_ms, const std::atomic<bool>* abort);
+  // Headers added to every response of the current request (e.g. CORS).
+  void set_extra_headers(Headers h) { extra_ = std::move(h); }
   // True when the peer has closed its side or reset the connection (non-blocking check). As in
   // uvicorn, a client that half-closes (shuts down its writing side) counts as gone: no request
   // follows ours on the connection, so EOF can only mean the client is leaving.
   bool peer_closed();
-  // Closes the connection; when the request body was not read, discards what the client still
-  // sends for a moment first, so that it sees our response rather than a reset.
-  void close(bool drain_input = false);
+  const std::string& peer() const { return peer_; }  // the client's IP address
+  void set_peer(std::string p) { peer_ = std::move(p); }
 
  private:
   bool write_all(std::string_view data);
+  std::string head_of(int status, std::string_view content_type, const Headers& extra) const;
   int fd_;
+  int send_timeout_ms_;
   bool keep_alive_ = false;
-  std::string buf_;  // bytes read past the request: the start of the next one (pipelining)
+  bool failed_ = false;
+  Headers extra_;
+  std::string peer_;
 };
 
-// A listening TCP socket.
-class HttpListener {
+// The server side: one event-loop thread (epoll) reads every connection and parses requests
+// without blocking; only complete requests reach the bounded pool of handler threads. Slow or
+// idle clients therefore cost a socket and a buffer, never a thread, and cannot starve others.
+// After a handler the connection goes back to the event loop (keep-alive) or is closed.
+class HttpServer {
  public:
-  HttpListener() = default;
-  ~HttpListener();
+  using Handler = std::function<void(HttpConn&, HttpRequest&)>;
+  HttpServer(HttpServerOptions opt, Handler handler);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
   // Binds host:port (port 0: an ephemeral port) and listens. Throws Error naming host and port.
   void bind(const std::string& host, int port);
-  int port() const { return port_; }
-  // The next connection's socket, or -1 when none arrived within timeout_ms (or the socket is closed).
-  int accept(int timeout_ms);
-  void close();
+  int port() const;
+  void start();           // the event loop and the handler threads
+  void stop_accepting();  // closes the listening socket; open connections go on
+  // Closes idle connections, lets running handlers finish (they should watch their own abort
+  // flag), joins every thread. Idempotent.
+  void stop();
+  int open_connections() const;
+  int64_t refused() const;  // connections refused or evicted by the caps
+
+  struct Impl;
 
  private:
-  int fd_ = -1;
-  int port_ = 0;
+  std::unique_ptr<Impl> impl_;
 };
 
 // ---- client (tests, the load program) ------------------------------------------------------
@@ -109,8 +166,9 @@ struct HttpResponse {
   std::string header(std::string_view name) const;
 };
 
-// Connects to host:port; returns the socket or -1.
-int http_connect(const std::string& host, int port, int timeout_ms = 5000);
+// Connects to host:port (from the local address `source` when given, e.g. "127.0.0.2" to act as
+// another client on loopback); returns the socket or -1.
+int http_connect(const std::string& host, int port, int timeout_ms = 5000, const std::string& source = "");
 
 // One request on a new connection, reading the whole response (chunked bodies decoded).
 // status 0 when the connection failed or broke before a response; `why` then says why.

@@ -1,8 +1,9 @@
-// The server: HTTP connections on their own threads, one scheduler thread stepping the engine.
+// The server: HTTP on an event loop with a bounded pool of handler threads (http.h), one
+// scheduler thread stepping the engine.
 //
 // Threads and what they share:
-//   accept thread    accepts connections, spawns a connection thread per connection (bounded);
-//   connection thds  parse, validate, Engine::submit, then stream from their request's Channel;
+//   event loop       accepts and reads every connection, parses requests (http_server.cpp);
+//   handler thds     validate complete requests, Engine::submit, then stream from the Channel;
 //   scheduler thread the only caller of Engine::step(); the engine's on_text callback (run inside
 //                    step) appends text to the request's Channel; after each step the scheduler
 //                    marks finished requests' channels done and records their statistics.
@@ -107,12 +108,12 @@ struct Server::Impl {
   Engine& engine;
   ServerOptions opt;
   server::ApiContext ctx;
-  server::HttpListener listener;
+  std::unique_ptr<server::HttpServer> http;
   double t_start = now_ms();
   int64_t created = int64_t(std::time(nullptr));
 
-  std::thread accept_thread, sched_thread;
-  std::atomic<bool> accept_stop{false}, draining{false}, stopped{false}, started{false};
+  std::thread sched_thread;
+  std::atomic<bool> draining{false}, stopped{false}, started{false};
 
   // Scheduler.
   std::mutex sched_mu;
@@ -122,11 +123,6 @@ struct Server::Impl {
   std::vector<Active> active;
   std::atomic<int64_t> in_flight{0};   // generation requests submitted and not yet finished
   std::atomic<int64_t> n_running{0}, n_waiting{0};
-
-  // Connections.
-  std::mutex conn_mu;
-  std::condition_variable conn_cv;
-  int n_conns = 0;
 
   // Statistics.
   std::mutex stats_mu;
@@ -230,40 +226,6 @@ struct Server::Impl {
 
   // ---- connections -----------------------------------------------------------------------------
 
-  void accept_loop() {
-    while (!accept_stop) {
-      const int fd = listener.accept(100);
-      if (fd < 0) continue;
-      // A client that stops reading cannot hold a thread forever.
-      timeval tv{30, 0};
-      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-      {
-        std::lock_guard<std::mutex> l(conn_mu);
-        if (n_conns >= opt.max_connections) {
-          HttpConn c(fd);
-          c.send_response(503, "application/json",
-                          server::error_body(ApiError(503, "too many open connections", "", "too_many_connections")),
-                          {{"Retry-After", "1"}});
-          c.close(true);
-          count("connection", 503);
-          continue;
-        }
-        ++n_conns;
-      }
-      std::thread([this, fd] {
-        try {
-          HttpConn c(fd);
-          serve_connection(c);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "kvboost serve: connection failed: %s\n", e.what());
-        }
-        std::lock_guard<std::mutex> l(conn_mu);
-        --n_conns;
-        conn_cv.notify_all();
-      }).detach();
-    }
-  }
-
   void send_error(HttpConn& c, const std::string& endpoint, const ApiError& e) {
     server::Headers h;
     if (e.status == 503) h.push_back({"Retry-After", "1"});
@@ -294,45 +256,42 @@ struct Server::Impl {
     return "key" + std::to_string(match);
   }
 
-  // Requests on one connection, one at a time, while both sides keep it alive (HTTP/1.1's
-  // default; HTTP/1.0 only with "Connection: keep-alive"). An idle connection is closed after
-  // keep_alive_s (uvicorn's default is 5 s), at shutdown, and after any error that leaves the
-  // connection's state unknown (bad framing, a body not read, a client gone mid-response).
-  void serve_connection(HttpConn& c) {
-    for (int n = 0;; ++n) {
-      if (n > 0 && !c.wait_request(int(opt.keep_alive_s * 1000), &stopped)) return;
-      serve_request(c);
-      if (!c.keep_alive() || draining || stopped) return;
-    }
+  bool origin_allowed(const std::string& origin) const {
+    for (const std::string& o : opt.allowed_origins)
+      if (o == "*" || o == origin) return true;
+    return false;
   }
 
-  void serve_request(HttpConn& c) {
-    HttpRequest r;
-    server::HttpLimits lim;
-    lim.max_body_bytes = opt.max_body_bytes;
-    lim.read_timeout_ms = 30'000;
-    lim.abort = &stopped;
-    std::string why;
-    c.set_keep_alive(false);  // errors before a complete request close the connection
-    const server::ReadStatus rs = c.read_request(r, lim, &why);
-    using RS = server::ReadStatus;
-    switch (rs) {
-      case RS::kOk: {
-        const std::string conn = lower_ascii(r.header("connection"));
-        const bool ka = r.version == "HTTP/1.1" ? conn.find("close") == std::string::npos
-                                                : conn.find("keep-alive") != std::string::npos;
-        c.set_keep_alive(ka && opt.keep_alive_s > 0 && !draining);
-        break;
-      }
-      case RS::kClosed: return;
-      case RS::kTooLarge:
-        send_error(c, "http", ApiError(413, why, "", "request_too_large"));
-        c.close(true);
+  // One complete request (the HTTP layer read it). Keep-alive while both sides want it (HTTP/1.1's
+  // default; HTTP/1.0 only with "Connection: keep-alive"); an idle connection is closed after
+  // keep_alive_s by the layer.
+  void serve_request(HttpConn& c, HttpRequest& r) {
+    {
+      const std::string conn = lower_ascii(r.header("connection"));
+      const bool ka = r.version == "HTTP/1.1" ? conn.find("close") == std::string::npos
+                                              : conn.find("keep-alive") != std::string::npos;
+      c.set_keep_alive(ka && opt.keep_alive_s > 0 && !draining);
+    }
+    // CORS (--allowed-origins): the allowed origin is echoed on every response to it.
+    const std::string origin = r.header("origin");
+    const bool cors = !origin.empty() && origin_allowed(origin);
+    if (cors) c.set_extra_headers({{"Access-Control-Allow-Origin", origin}, {"Vary", "Origin"}});
+    if (r.method == "OPTIONS") {
+      if (!origin.empty() && !cors) {
+        send_error(c, "preflight", ApiError(403, "origin '" + origin + "' is not allowed (see --allowed-origins)", "",
+                                            "origin_not_allowed"));
         return;
-      case RS::kHeaderTooLarge: send_error(c, "http", ApiError(431, why, "", "headers_too_large")); c.close(true); return;
-      case RS::kLengthRequired: send_error(c, "http", ApiError(411, why, "", "length_required")); c.close(true); return;
-      case RS::kTimeout: send_error(c, "http", ApiError(408, why, "", "request_timeout")); c.close(true); return;
-      case RS::kBadRequest: send_error(c, "http", ApiError(400, why, "", "bad_http_request")); c.close(true); return;
+      }
+      server::Headers h{{"Allow", "GET, POST, OPTIONS"}};
+      if (cors) {
+        const std::string req_headers = r.header("access-control-request-headers");
+        h.push_back({"Access-Control-Allow-Methods", "GET, POST, OPTIONS"});
+        h.push_back({"Access-Control-Allow-Headers", req_headers.empty() ? "Authorization, Content-Type" : req_headers});
+        h.push_back({"Access-Control-Max-Age", "600"});
+      }
+      c.send_response(204, "", "", h);
+      count("preflight", 204);
+      return;
     }
     const double t_arrival = now_ms();
     const std::string& path = r.path;
@@ -409,6 +368,19 @@ struct Server::Impl {
   void generate(HttpConn& c, const std::string& endpoint, server::ParsedRequest& p, const std::string& tenant,
                 double t_arrival, bool warm) {
     if (draining) throw ApiError(503, "the server is shutting down", "", "shutting_down");
+    if (warm) {
+      // Pinned chunks are bounded (--chunk-ram in all, --max-pinned-per-tenant each): a tenant at
+      // its share is told so before any work is done.
+      p.opt.reuse.pin_owner = tenant;
+      if (const kv::ChunkStore* cs = engine.chunk_store()) {
+        const size_t cap = cs->options().max_pinned_per_owner, have = cs->pinned_bytes(tenant);
+        if (cap > 0 && have >= cap)
+          throw ApiError(507,
+                         "warm: this tenant's budget for pinned chunks is full (" + std::to_string(have) + " of " +
+                             std::to_string(cap) + " bytes, --max-pinned-per-tenant); nothing more is pinned",
+                         "", "pinned_budget_exceeded");
+      }
+    }
     // Admission control: running (max_batch) + waiting (max_queue) requests at most.
     const int64_t limit = engine.options().max_batch + opt.max_queue;
     if (in_flight.fetch_add(1) >= limit) {
@@ -556,6 +528,19 @@ struct Server::Impl {
       }
       return;
     }
+    if (warm && res.n_pin_refused > 0) {
+      const kv::ChunkStore* cs = engine.chunk_store();
+      std::string why = "warm: " + std::to_string(res.n_pin_refused) + " chunk(s) could not be pinned: the pin budget is full";
+      if (cs) {
+        const size_t cap = cs->options().max_pinned_per_owner;
+        why += " (this tenant " + std::to_string(cs->pinned_bytes(tenant)) + " bytes pinned";
+        if (cap) why += " of " + std::to_string(cap) + " (--max-pinned-per-tenant)";
+        why += "; the server " + std::to_string(cs->stats().pinned_bytes) + " of " + std::to_string(cs->options().ram_bytes) +
+               " (--chunk-ram)); the chunks are cached unpinned";
+      }
+      send_error(c, endpoint, ApiError(507, why, "", "pinned_budget_exceeded"));
+      return;
+    }
     if (warm) {
       if (kv::ChunkStore* cs = engine.chunk_store()) cs->flush();  // disk tier written before we answer
       ojson w;
@@ -619,6 +604,8 @@ struct Server::Impl {
       ck["entries_ram"] = c.entries_ram;
       ck["entries_disk"] = c.entries_disk;
       ck["pinned"] = c.pinned;
+      ck["pinned_bytes"] = c.pinned_bytes;
+      ck["pins_refused"] = c.pins_refused;
       ck["bytes_ram"] = c.bytes_ram;
       ck["bytes_disk"] = c.bytes_disk;
       ck["lookups"] = c.lookups;
@@ -665,8 +652,8 @@ struct Server::Impl {
     ojson pr_;
     pr_["rss_bytes"] = process_rss_bytes();
     {
-      std::lock_guard<std::mutex> cl(conn_mu);
-      pr_["open_connections"] = n_conns;
+      pr_["open_connections"] = http ? http->open_connections() : 0;
+      pr_["connections_refused"] = http ? http->refused() : 0;
     }
     s["process"] = pr_;
     return s;
@@ -757,12 +744,17 @@ Server::Server(Engine& engine, ServerOptions opt) : impl_(std::make_unique<Impl>
   Impl& s = *impl_;
   if (s.opt.max_queue < 0) fail("max_queue ", s.opt.max_queue, " must be >= 0");
   if (s.opt.max_connections < 1) fail("max_connections ", s.opt.max_connections, " must be >= 1");
+  if (s.opt.max_connections_per_client < 1)
+    fail("max_connections_per_client ", s.opt.max_connections_per_client, " must be >= 1");
+  if (!(s.opt.header_timeout_s > 0) || !(s.opt.body_timeout_s > 0))
+    fail("header/body timeouts must be positive (", s.opt.header_timeout_s, " s, ", s.opt.body_timeout_s, " s)");
   if (!(s.opt.timeout_s > 0)) fail("timeout ", s.opt.timeout_s, " s must be positive");
   s.ctx.tok = &engine.tokenizer();
   s.ctx.context_length = engine.context_length();
   s.ctx.max_prompt_tokens = s.opt.max_prompt_tokens > 0 ? std::min(s.opt.max_prompt_tokens, s.ctx.context_length - 1)
                                                         : s.ctx.context_length - 1;
   s.ctx.vocab_size = int32_t(engine.model().config().vocab_size);
+  s.ctx.n_layers = int64_t(engine.model().config().n_layers);
   std::string name = s.opt.model_name;
   if (name.empty()) {
     std::string d = s.opt.model_dir;
@@ -800,20 +792,40 @@ Server::~Server() { stop(); }
 void Server::start() {
   Impl& s = *impl_;
   if (s.started.exchange(true)) fail("the server is already started");
-  s.listener.bind(s.opt.host, s.opt.port);
+  server::HttpServerOptions ho;
+  ho.max_body_bytes = s.opt.max_body_bytes;
+  ho.header_timeout_ms = std::max(1, int(s.opt.header_timeout_s * 1000));
+  ho.body_timeout_ms = std::max(1, int(s.opt.body_timeout_s * 1000));
+  ho.keep_alive_ms = int(s.opt.keep_alive_s * 1000);
+  ho.max_connections = s.opt.max_connections;
+  ho.max_connections_per_client = s.opt.max_connections_per_client;
+  // Every request that may be admitted (running + waiting) has its handler thread, plus a few for
+  // quick endpoints (/health, /metrics) so they never wait behind streams.
+  ho.n_workers = int(std::min<int64_t>(4096, s.engine.options().max_batch + s.opt.max_queue + 8));
+  ho.error_body = [](int status, const std::string& why, const std::string& code) {
+    return server::error_body(ApiError(status, why, "", code));
+  };
+  ho.on_error = [&s](int status) { s.count(status == 429 || status == 503 ? "connection" : "http", status); };
+  s.http = std::make_unique<server::HttpServer>(ho, [&s](HttpConn& c, HttpRequest& r) {
+    try {
+      s.serve_request(c, r);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "kvboost serve: connection failed: %s\n", e.what());
+      c.set_keep_alive(false);
+    }
+  });
+  s.http->bind(s.opt.host, s.opt.port);
   s.sched_thread = std::thread([&s] { s.scheduler_loop(); });
-  s.accept_thread = std::thread([&s] { s.accept_loop(); });
+  s.http->start();
 }
 
-int Server::port() const { return impl_->listener.port(); }
+int Server::port() const { return impl_->http ? impl_->http->port() : 0; }
 
 void Server::stop() {
   Impl& s = *impl_;
   if (!s.started || s.stopped.load() || s.draining.exchange(true)) return;
   // 1. No new connections; new requests on open connections get 503.
-  s.accept_stop = true;
-  if (s.accept_thread.joinable()) s.accept_thread.join();
-  s.listener.close();
+  s.http->stop_accepting();
   // 2. In-flight requests get the grace period to finish.
   const double deadline = now_ms() + s.opt.shutdown_grace_s * 1000;
   while (s.in_flight.load() > 0 && now_ms() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -824,10 +836,7 @@ void Server::stop() {
     for (Active& a : s.active) a.req->cancel();
   }
   s.wake_scheduler();
-  {
-    std::unique_lock<std::mutex> l(s.conn_mu);
-    s.conn_cv.wait(l, [&] { return s.n_conns == 0; });
-  }
+  s.http->stop();  // handlers answer and return; idle connections close
   {
     std::lock_guard<std::mutex> l(s.sched_mu);
     s.sched_stop = true;

@@ -30,8 +30,15 @@ Bpe::Bpe(const json& model, const std::string& where) {
   int32_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     if (!it.value().is_number_integer()) fail(where, ".vocab[\"", it.key(), "\"]: id is not an integer");
-    int32_t id = it.value().get<int32_t>();
-    if (id < 0) fail(where, ".vocab[\"", it.key(), "\"]: negative id ", id);
+    const int64_t id64 = it.value().get<int64_t>();
+    if (id64 < 0) fail(where, ".vocab[\"", it.key(), "\"]: negative id ", id64);
+    // Ids size the id -> token table: a vocabulary's ids are (nearly) dense, so an id far beyond
+    // its entry count is a corrupt file, refused before allocating (an id of 10^8 took 3 GB).
+    const int64_t limit = std::min<int64_t>(int64_t(1) << 24, int64_t(vocab.size()) * 2 + 65536);
+    if (id64 >= limit)
+      fail(where, ".vocab[\"", it.key(), "\"]: id ", id64, " is out of range for a vocabulary of ", vocab.size(),
+           " entries (limit ", limit, ")");
+    const int32_t id = int32_t(id64);
     max_id = std::max(max_id, id);
   }
   id_to_token_.resize(static_cast<size_t>(max_id + 1));
