@@ -25,6 +25,7 @@ apt_packages=(
   nlohmann-json3-dev libpcre2-dev libxxhash-dev libcli11-dev libicu-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsimde-dev
   python3-venv python3-torch python3-numpy
+  libhiredis-dev redis-server
 )
 
 # Pins. Why these versions:
