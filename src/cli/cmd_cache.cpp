@@ -74,7 +74,7 @@ void run_cache(const CacheArgs& a) {
     // Lists this model's entries (every namespace) and verifies each one as a lookup would.
     const std::vector<kv::RemoteEntryInfo> v = e->chunk_store()->list_remote(a.remote_limit);
     size_t bytes = 0, bad = 0;
-    std::printf("remote chunk store %s (this model's entries)\n", a.chunks.remote.c_str());
+    std::printf("remote chunk store (--chunk-remote): this model's entries, every namespace\n");
     for (const auto& x : v) {
       bytes += x.bytes;
       bad += !x.problem.empty();

@@ -95,15 +95,25 @@ int parse_int(const std::string& s, const std::string& url, const char* what) {
 
 }  // namespace
 
-RemoteUrl parse_remote_url(const std::string& url) {
+std::string redact_remote_url(const std::string& url) {  // passwords never reach a log
+  const size_t scheme = url.find("://"), at = url.rfind('@');
+  if (scheme == std::string::npos || at == std::string::npos || at < scheme) return url;
+  const size_t colon = url.find(':', scheme + 3);
+  if (colon != std::string::npos && colon < at) return url.substr(0, colon + 1) + "***" + url.substr(at);
+  return url.substr(0, scheme + 3) + "***" + url.substr(at);
+}
+
+RemoteUrl parse_remote_url(const std::string& url_in) {
+  const std::string url = redact_remote_url(url_in);  // for messages
+  const std::string& raw = url_in;
   RemoteUrl u;
   std::string rest;
-  if (url.rfind("rediss://", 0) == 0)
+  if (raw.rfind("rediss://", 0) == 0)
     fail("--chunk-remote ", url, ": TLS (rediss://) is not available: Debian's hiredis 0.14 is built without SSL; "
          "use redis:// on a private network, a unix:// socket, or a TLS tunnel (stunnel) on loopback");
-  const bool unix_sock = url.rfind("unix://", 0) == 0;
-  if (url.rfind("redis://", 0) == 0) rest = url.substr(8);
-  else if (unix_sock) rest = url.substr(7);
+  const bool unix_sock = raw.rfind("unix://", 0) == 0;
+  if (raw.rfind("redis://", 0) == 0) rest = raw.substr(8);
+  else if (unix_sock) rest = raw.substr(7);
   else fail("--chunk-remote ", url, ": expected redis://HOST[:PORT][/DB] or unix:///PATH");
   std::string query;
   if (const size_t q = rest.find('?'); q != std::string::npos) query = rest.substr(q + 1), rest.resize(q);
@@ -195,7 +205,11 @@ Chunk decode_remote_value(std::string_view v, const ChunkShape& s, const std::st
 // ---- RemoteStore -------------------------------------------------------------------------------
 
 RemoteStore::RemoteStore(const ChunkShape& shape, const ChunkStoreOptions& opt, uint64_t model_hash)
-    : shape_(shape), opt_(opt), url_(parse_remote_url(opt.remote_url)), model_hash_(model_hash) {
+    : shape_(shape),
+      opt_(opt),
+      url_(parse_remote_url(opt.remote_url)),
+      shown_url_(redact_remote_url(opt.remote_url)),
+      model_hash_(model_hash) {
   if (opt_.remote_timeout_ms < 1) fail("remote timeout ", opt_.remote_timeout_ms, " ms must be positive");
   if (opt_.remote_ttl_s < 0) fail("--chunk-remote-ttl ", opt_.remote_ttl_s, " must be >= 0");
   key_prefix_ = url_.prefix + ":" + hex16(model_hash_) + ":v" + std::to_string(kLayoutVersion) + ":";
@@ -260,7 +274,7 @@ void RemoteStore::broken(Conn& c, const std::string& why) {
   std::lock_guard<std::mutex> lock(st_mu_);
   ++st_.errors;
   if (!down_)
-    log_warn("remote chunk store ", opt_.remote_url, " unavailable (", why,
+    log_warn("remote chunk store ", shown_url_, " unavailable (", why,
              "): serving from the local tiers and recompute; retrying with backoff");
   down_ = true;
   st_.up = false;
@@ -268,7 +282,7 @@ void RemoteStore::broken(Conn& c, const std::string& why) {
 
 void RemoteStore::healthy() {
   std::lock_guard<std::mutex> lock(st_mu_);
-  if (down_ && st_.errors > 0) log_warn("remote chunk store ", opt_.remote_url, " reachable again");
+  if (down_ && st_.errors > 0) log_warn("remote chunk store ", shown_url_, " reachable again");
   down_ = false;
   st_.up = true;
 }
@@ -360,7 +374,7 @@ std::vector<std::shared_ptr<Chunk>> RemoteStore::fetch(std::string_view ns, std:
     } else {
       std::lock_guard<std::mutex> sl(st_mu_);
       ++st_.errors;
-      if (!down_) log_warn("remote chunk store ", opt_.remote_url, ": ", why, " (treated as a miss)");
+      if (!down_) log_warn("remote chunk store ", shown_url_, ": ", why, " (treated as a miss)");
     }
     std::lock_guard<std::mutex> sl(st_mu_);
     st_.unavailable += int64_t(picked.size());
@@ -459,7 +473,7 @@ void RemoteStore::writer_loop() {
       } else if (r.r->type == REDIS_REPLY_ERROR) {  // e.g. OOM under maxmemory + noeviction
         std::lock_guard<std::mutex> sl(st_mu_);
         ++st_.write_errors;
-        if (!write_err_episode_) log_warn("remote chunk store ", opt_.remote_url, ": SET refused: ", r.r->str, " (entry not shared)");
+        if (!write_err_episode_) log_warn("remote chunk store ", shown_url_, ": SET refused: ", r.r->str, " (entry not shared)");
         write_err_episode_ = true;
       } else {
         observe(ms, value.size());
@@ -491,13 +505,13 @@ RemoteStats RemoteStore::stats() const {
 std::vector<RemoteEntryInfo> RemoteStore::list(size_t limit) {
   std::lock_guard<std::mutex> lock(fetch_mu_);
   fetch_conn_.next_try_ms = 0;
-  if (!ensure(fetch_conn_)) fail("--chunk-remote ", opt_.remote_url, ": cannot connect");
+  if (!ensure(fetch_conn_)) fail("--chunk-remote ", shown_url_, ": cannot connect");
   std::vector<RemoteEntryInfo> out;
   std::string cursor = "0";
   do {
     Reply r(command(fetch_conn_.ctx, {"SCAN", cursor, "MATCH", key_prefix_ + "*", "COUNT", "256"}));
     if (!r.r || r.r->type != REDIS_REPLY_ARRAY || r.r->elements != 2)
-      fail("--chunk-remote ", opt_.remote_url, ": SCAN failed: ", r.r && r.r->type == REDIS_REPLY_ERROR ? r.r->str : fetch_conn_.ctx->errstr);
+      fail("--chunk-remote ", shown_url_, ": SCAN failed: ", r.r && r.r->type == REDIS_REPLY_ERROR ? r.r->str : fetch_conn_.ctx->errstr);
     cursor.assign(r.r->element[0]->str, r.r->element[0]->len);
     const redisReply* keys = r.r->element[1];
     for (size_t k = 0; k < keys->elements && out.size() < limit; ++k) {
@@ -505,7 +519,7 @@ std::vector<RemoteEntryInfo> RemoteStore::list(size_t limit) {
       e.key.assign(keys->element[k]->str, keys->element[k]->len);
       Reply v(command(fetch_conn_.ctx, {"GET", e.key}));
       Reply t(command(fetch_conn_.ctx, {"TTL", e.key}));
-      if (!v.r || !t.r) fail("--chunk-remote ", opt_.remote_url, ": ", fetch_conn_.ctx->errstr);
+      if (!v.r || !t.r) fail("--chunk-remote ", shown_url_, ": ", fetch_conn_.ctx->errstr);
       if (v.r->type != REDIS_REPLY_STRING) continue;  // expired meanwhile
       e.bytes = v.r->len;
       e.ttl_s = t.r->type == REDIS_REPLY_INTEGER ? t.r->integer : -1;

@@ -34,6 +34,8 @@ struct RemoteUrl {
 };
 // Throws Error naming the URL and the problem (rediss:// included: Debian's hiredis 0.14 has no TLS).
 RemoteUrl parse_remote_url(const std::string& url);
+// The URL with its password replaced by "***" (for logs and errors).
+std::string redact_remote_url(const std::string& url);
 
 // The remote key of a chunk: prefix, model, layout version, namespace, kind + key.
 std::string remote_key(const std::string& prefix, uint64_t model_hash, std::string_view ns, bool exact, uint64_t key);
@@ -78,6 +80,7 @@ class RemoteStore {
   ChunkShape shape_;
   ChunkStoreOptions opt_;
   RemoteUrl url_;
+  std::string shown_url_;  // redacted
   uint64_t model_hash_;
   std::string key_prefix_;  // PREFIX ":" hex(model) ":v1:"
 

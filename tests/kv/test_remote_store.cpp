@@ -64,6 +64,15 @@ TEST(RemoteUrl, Forms) {
   u = parse_remote_url("unix:///run/redis/redis.sock?db=2");
   EXPECT_EQ(u.socket, "/run/redis/redis.sock");
   EXPECT_EQ(u.db, 2);
+  EXPECT_EQ(redact_remote_url("redis://kvb:s3cret@cache.local:6379"), "redis://kvb:***@cache.local:6379");
+  EXPECT_EQ(redact_remote_url("redis://s3cret@cache.local"), "redis://***@cache.local");
+  EXPECT_EQ(redact_remote_url("redis://cache.local:6379/2"), "redis://cache.local:6379/2");
+  try {
+    parse_remote_url("redis://kvb:s3cret@cache.local:port");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("s3cret"), std::string::npos) << e.what();
+  }
   for (const char* bad : {"http://x", "redis://", "redis://h:99999", "redis://h/x", "unix://rel.sock", "redis://h?zz=1"})
     EXPECT_THROW(parse_remote_url(bad), Error) << bad;
   try {
