@@ -26,6 +26,7 @@ apt_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libsimde-dev
   python3-venv python3-torch python3-numpy
   clang-14 libclang-rt-14-dev libomp-14-dev
+  libhiredis-dev redis-server
 )
 
 # Pins. Why these versions:

@@ -413,6 +413,32 @@ struct ChunkStoreOptions {
   // Pinned chunks (warm) count against ram_bytes and never exceed it; each owner (tenant) may
   // pin at most this many bytes (0 = no per-owner cap). A pin over either limit is refused.
   size_t max_pinned_per_owner = 0;
+  // Remote tier shared by many servers (Redis/Valkey; docs/chunk-remote.md): "" = none, else
+  // redis://[USER:PASSWORD@]HOST[:PORT][/DB][?prefix=P] or unix:///PATH[?db=N&prefix=P]. It never
+  // fails a request: unreachable, slow, full or corrupt is a miss (logged once per episode, counted).
+  std::string remote_url;
+  int64_t remote_ttl_s = 0;                          // expiry of written entries, seconds (0: none)
+  size_t remote_max_entry_bytes = size_t(64) << 20;  // larger entries are neither written nor used
+  size_t remote_queue = 64;                          // writes waiting; more are dropped (counted)
+  int remote_timeout_ms = 250;                       // connect and command timeout
+};
+
+// Upper bounds (ms) of the remote fetch latency histogram's buckets; one more bucket: +Inf.
+inline constexpr double kRemoteFetchBucketsMs[] = {0.5, 1, 2, 5, 10, 20, 50, 100, 250, 1000};
+inline constexpr size_t kRemoteFetchBuckets = sizeof(kRemoteFetchBucketsMs) / sizeof(double) + 1;
+
+struct RemoteStats {
+  bool enabled = false, up = false;
+  int64_t hits = 0, misses = 0, bytes = 0;     // chunks found / asked for and absent; bytes fetched
+  int64_t corrupt = 0;                         // fetched values that failed verification (not used)
+  int64_t errors = 0;                          // failed commands (connection, timeout, error reply)
+  int64_t skipped = 0;                         // chunks not fetched: recomputing them is cheaper
+  int64_t unavailable = 0;                     // chunks not looked up: the remote was down (backoff)
+  int64_t fetches = 0;                         // round trips (one per prompt)
+  int64_t writes = 0, write_bytes = 0, write_drops = 0, write_errors = 0, too_big = 0;
+  double fetch_ms_sum = 0;
+  int64_t fetch_ms_buckets[kRemoteFetchBuckets] = {};  // per bucket, not cumulative
+  double rtt_ms = 0, mb_per_s = 0, prefill_tok_per_s = 0;  // the cost model's current estimates
 };
 
 struct ChunkStats {
@@ -422,11 +448,30 @@ struct ChunkStats {
   int64_t lookups = 0, prefix_hits = 0, content_hits = 0, disk_loads = 0, corrupt = 0;
   int64_t stores = 0, evictions_ram = 0, evictions_disk = 0;
   std::vector<std::string> corrupt_files;  // the most recent few
+  RemoteStats remote;
   double hit_rate() const { return lookups ? double(prefix_hits + content_hits) / double(lookups) : 0; }
   std::string to_string() const;
 };
 
-// Thread-safe. Disk writes happen on a background thread (flush() waits for them).
+class RemoteStore;  // the remote tier (src/kv/remote_store.h)
+
+// One remote entry as `kvboost cache --chunk-remote` lists it.
+struct RemoteEntryInfo {
+  std::string key;
+  size_t bytes = 0;
+  int64_t ttl_s = -1;        // -1: no expiry
+  int64_t n_tokens = 0;
+  std::string ns, quant;
+  std::string problem;       // "" = verified
+};
+
+// A chunk of a prompt, for the remote tier's one-round-trip lookup.
+struct ChunkQuery {
+  ChunkKeys keys;
+  std::span<const int32_t> tokens;
+};
+
+// Thread-safe. Disk and remote writes happen on background threads (flush() waits for them).
 class ChunkStore {
  public:
   ChunkStore(const ChunkShape& shape, const ChunkStoreOptions& opt);
@@ -447,14 +492,26 @@ class ChunkStore {
   // (or, for content-only chunks, content key) is kept and only pinned if asked. Returns false
   // when a pin was refused (over ram_bytes or the owner's max_pinned_per_owner): the chunk is
   // then stored unpinned, evictable like any other.
-  bool put(std::shared_ptr<Chunk> c, bool pin = false, const std::string& owner = "");
+  // `ns`: the tenant namespace, which the remote tier's keys and values carry; `owner`: who pins.
+  bool put(std::shared_ptr<Chunk> c, bool pin = false, std::string_view ns = {}, const std::string& owner = "");
   size_t pinned_bytes(const std::string& owner) const;  // what that owner has pinned
   void unpin_all();
   // Reads every disk-tier file in full and checks its checksum (start-up only checks headers and
   // sizes); corrupt files are removed, counted and listed in stats(). Returns how many.
   int64_t verify_disk();
-  void flush();  // waits until queued disk writes are done
+  void flush();  // waits until queued disk (and remote) writes are done
   ChunkStats stats() const;
+
+  // Remote tier. fetch_remote looks up, in one pipelined round trip, the chunks of a prompt that
+  // the local tiers lack and that the cost model says are cheaper to fetch than to recompute
+  // (content: also by content key); verified entries go to the RAM tier, where the usual
+  // find_prefix / find_content find them. Returns the number promoted. Never throws for a
+  // remote failure. note_prefill feeds the cost model's prefill rate.
+  bool has_remote() const { return remote_ != nullptr; }
+  int64_t fetch_remote(std::string_view ns, std::span<const ChunkQuery> chunks, bool content);
+  void note_prefill(int64_t n_tokens, double ms);
+  // Lists and verifies up to `limit` remote entries of this model (throws Error if unreachable).
+  std::vector<RemoteEntryInfo> list_remote(size_t limit) const;
 
  private:
   struct Entry;
@@ -466,6 +523,7 @@ class ChunkStore {
   void drop_locked(uint64_t id);
   void writer_loop();
   void note_corrupt_locked(const std::string& path, const std::string& why);
+  bool put_locked(std::shared_ptr<Chunk> c, bool pin, const std::string& owner, bool* refused);
 
   ChunkShape shape_;
   ChunkStoreOptions opt_;
@@ -483,6 +541,7 @@ class ChunkStore {
   std::condition_variable cv_, idle_cv_;
   bool stop_ = false, writing_ = false;
   std::thread writer_;
+  std::unique_ptr<RemoteStore> remote_;
 };
 
 // Disk format of one chunk (exposed for tests): write atomically (temporary file + rename) /

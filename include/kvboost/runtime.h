@@ -187,6 +187,8 @@ struct GenerateResult {
   double decode_ms = 0;                // after the first token
   double total_ms = 0;
   double queue_ms = 0;                 // submitted -> admitted
+  int64_t n_remote_chunks = 0;         // chunks fetched from the remote tier (--chunk-remote)
+  double remote_ms = 0;                // time spent on that lookup (part of ttft_ms)
   int n_prompt() const { return int(prompt_ids.size()); }
   double reuse_ratio() const { return prompt_ids.empty() ? 0 : double(n_reused - n_recomputed) / double(prompt_ids.size()); }
   // prompt tokens computed (cached ones excluded) per second of prefill

@@ -40,10 +40,13 @@ void add_bench_stream(CLI::App* bench);  // kvboost bench stream (cmd_bench_stre
 void add_bench_batch(CLI::App* bench);  // kvboost bench batch (cmd_bench_batch.cpp)
 void add_cache_commands(CLI::App& app);  // kvboost warm, kvboost cache (cmd_cache.cpp)
 
-// Chunk store options (--chunk-size, --chunk-store, --chunk-ram, --chunk-disk, --kv-quant).
+// Chunk store options (--chunk-size, --chunk-store, --chunk-ram, --chunk-disk, --kv-quant,
+// --chunk-remote, --chunk-remote-ttl).
 struct ChunkArgs {
   int64_t chunk_size = 128;
   std::string disk_dir, ram = "512MiB", disk = "0", quant = "f32";
+  std::string remote;  // --chunk-remote URL (the shared tier on Redis / Valkey)
+  int64_t remote_ttl = 0;
   void add(CLI::App* c);
   void apply(EngineOptions& eo) const;
 };

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "chunk_file.h"
 #include "kvboost/kv.h"
 
 namespace kvboost::kv {
@@ -197,7 +198,7 @@ void write_all(int fd, const void* p, size_t n, const std::string& path) {
 }
 }  // namespace
 
-void write_chunk_file(const std::string& path, const Chunk& c, const ChunkShape& s, uint64_t model_hash) {
+std::string encode_chunk(const Chunk& c, const ChunkShape& s, uint64_t model_hash) {
   Header h{};
   h.version = 1;
   h.quant = uint32_t(c.quant);
@@ -206,15 +207,25 @@ void write_chunk_file(const std::string& path, const Chunk& c, const ChunkShape&
   h.model_hash = model_hash, h.prefix = c.keys.prefix, h.check = c.keys.check, h.content = c.keys.content;
   h.parent_prefix = c.parent_prefix, h.payload_bytes = c.data.size();
   h.checksum = checksum(h, c.tokens.data(), c.tokens.size() * 4, c.data.data(), c.data.size());
+  std::string out;
+  out.reserve(chunk_encoded_bytes(c.tokens.size(), c.data.size()));
+  out.append(kMagic, 8);
+  out.append(reinterpret_cast<const char*>(&h), sizeof h);
+  out.append(reinterpret_cast<const char*>(c.tokens.data()), c.tokens.size() * 4);
+  out.append(reinterpret_cast<const char*>(c.data.data()), c.data.size());
+  return out;
+}
+
+size_t chunk_encoded_bytes(size_t n_tokens, size_t payload_bytes) { return 8 + sizeof(Header) + n_tokens * 4 + payload_bytes; }
+
+void write_chunk_file(const std::string& path, const Chunk& c, const ChunkShape& s, uint64_t model_hash) {
+  const std::string bytes = encode_chunk(c, s, model_hash);
   // Atomic: a reader sees the old file, no file, or the whole new one.
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) fail(tmp, ": cannot create: ", std::strerror(errno));
   try {
-    write_all(fd, kMagic, 8, tmp);
-    write_all(fd, &h, sizeof h, tmp);
-    write_all(fd, c.tokens.data(), c.tokens.size() * 4, tmp);
-    write_all(fd, c.data.data(), c.data.size(), tmp);
+    write_all(fd, bytes.data(), bytes.size(), tmp);
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());
@@ -228,7 +239,10 @@ void write_chunk_file(const std::string& path, const Chunk& c, const ChunkShape&
 }
 
 Chunk read_chunk_file(const std::string& path, const ChunkShape& s, uint64_t model_hash) {
-  const std::string bytes = read_regular(path, size_t(1) << 34);
+  return decode_chunk(read_regular(path, size_t(1) << 34), s, model_hash, path);
+}
+
+Chunk decode_chunk(std::string_view bytes, const ChunkShape& s, uint64_t model_hash, const std::string& path) {
   if (bytes.size() < 8 + sizeof(Header)) fail(path, ": truncated chunk file (", bytes.size(), " bytes, header needs ", 8 + sizeof(Header), ")");
   if (std::memcmp(bytes.data(), kMagic, 8) != 0) fail(path, ": not a KVBoost chunk file (bad magic)");
   Header h;
@@ -240,6 +254,7 @@ Chunk read_chunk_file(const std::string& path, const ChunkShape& s, uint64_t mod
          s.n_layers, ", ", s.n_kv_heads, ", ", s.head_dim, "]");
   if (h.quant > 2) fail(path, ": unknown quantization ", h.quant);
   if (h.n_tokens <= 0 || h.n_tokens > (int64_t(1) << 24)) fail(path, ": bad token count ", h.n_tokens);
+  if (h.payload_bytes > (uint64_t(1) << 40)) fail(path, ": bad payload size ", h.payload_bytes);
   const size_t need = 8 + sizeof h + size_t(h.n_tokens) * 4 + h.payload_bytes;
   if (bytes.size() != need) fail(path, ": truncated chunk file (", bytes.size(), " bytes, expected ", need, ")");
   if (h.payload_bytes != chunk_layer_bytes(s, KvQuant(h.quant), h.n_tokens) * size_t(s.n_layers))
@@ -259,11 +274,6 @@ Chunk read_chunk_file(const std::string& path, const ChunkShape& s, uint64_t mod
   return c;
 }
 
-}  // namespace kvboost::kv
-
-#include "chunk_file.h"
-
-namespace kvboost::kv {
 
 ChunkFileInfo peek_chunk_file(const std::string& path, const ChunkShape& s, uint64_t model_hash) {
   off_t size = 0;

@@ -15,6 +15,7 @@
 
 #include "chunk_file.h"
 #include "kvboost/kv.h"
+#include "remote_store.h"
 
 namespace kvboost::kv {
 
@@ -59,7 +60,18 @@ std::string ChunkStats::to_string() const {
                 double(bytes_disk) / 1048576.0, (long long)pinned, (long long)lookups, (long long)prefix_hits,
                 (long long)content_hits, 100.0 * hit_rate(), (long long)disk_loads, (long long)corrupt, (long long)stores,
                 (long long)evictions_ram, (long long)evictions_disk);
-  return b;
+  std::string out = b;
+  if (remote.enabled) {
+    std::snprintf(b, sizeof b,
+                  " | remote %s: hits %lld, misses %lld, %.1f MiB fetched, skipped (not worth it) %lld, unavailable %lld, "
+                  "corrupt %lld, errors %lld, written %lld (dropped %lld, refused %lld), rtt %.2f ms, %.0f MB/s",
+                  remote.up ? "up" : "down", (long long)remote.hits, (long long)remote.misses,
+                  double(remote.bytes) / 1048576.0, (long long)remote.skipped, (long long)remote.unavailable,
+                  (long long)remote.corrupt, (long long)remote.errors, (long long)remote.writes,
+                  (long long)remote.write_drops, (long long)remote.write_errors, remote.rtt_ms, remote.mb_per_s);
+    out += b;
+  }
+  return out;
 }
 
 ChunkStore::ChunkStore(const ChunkShape& shape, const ChunkStoreOptions& opt) : shape_(shape), opt_(opt) {
@@ -72,9 +84,11 @@ ChunkStore::ChunkStore(const ChunkShape& shape, const ChunkStoreOptions& opt) : 
     scan_disk();
     writer_ = std::thread([this] { writer_loop(); });
   }
+  if (!opt_.remote_url.empty()) remote_ = std::make_unique<RemoteStore>(shape_, opt_, model_hash_);
 }
 
 ChunkStore::~ChunkStore() {
+  remote_.reset();  // its writer finishes the write in flight (bounded by the command timeout)
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -223,11 +237,23 @@ size_t ChunkStore::pinned_bytes(const std::string& owner) const {
   return it == pinned_by_owner_.end() ? 0 : it->second;
 }
 
-bool ChunkStore::put(std::shared_ptr<Chunk> c, bool pin, const std::string& owner) {
+bool ChunkStore::put(std::shared_ptr<Chunk> c, bool pin, std::string_view ns, const std::string& owner) {
   if (!c || c->tokens.empty()) fail("chunk store: empty chunk");
   if (c->data.size() != chunk_layer_bytes(shape_, c->quant, int64_t(c->tokens.size())) * size_t(shape_.n_layers))
     fail("chunk store: chunk data of ", c->data.size(), " bytes does not match its shape");
-  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<const Chunk> shared = c;
+  bool added, refused = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    added = put_locked(std::move(c), pin, owner, &refused);
+  }
+  if (added && remote_) remote_->enqueue(ns, std::move(shared));
+  return !refused;
+}
+
+// True when the chunk became a new entry (or could only go to the remote tier). *refused: a pin
+// was asked for and refused (over ram_bytes or the owner's max_pinned_per_owner).
+bool ChunkStore::put_locked(std::shared_ptr<Chunk> c, bool pin, const std::string& owner, bool* refused) {
   // Already there? Keep the existing entry (it may be pinned or hot).
   uint64_t existing = 0;
   if (c->keys.prefix) {
@@ -236,10 +262,9 @@ bool ChunkStore::put(std::shared_ptr<Chunk> c, bool pin, const std::string& owne
     existing = it->second;
   }
   const size_t b = c->bytes();
-  bool refused = false;
   if (pin && !may_pin_locked(owner, b)) {
     pin = false;
-    refused = true;
+    if (refused) *refused = true;
     ++st_.pins_refused;
   }
   if (existing) {
@@ -252,9 +277,9 @@ bool ChunkStore::put(std::shared_ptr<Chunk> c, bool pin, const std::string& owne
       pinned_by_owner_[owner] += b;
     }
     if (pin) load_locked(e);
-    return !refused;
+    return false;
   }
-  if (!pin && b > opt_.ram_bytes && opt_.disk_dir.empty()) return !refused;  // cannot hold it anywhere
+  if (!pin && b > opt_.ram_bytes && opt_.disk_dir.empty()) return true;  // cannot hold it here (the remote may)
   evict_ram_locked(b);
   auto en = std::make_unique<Entry>();
   en->id = next_id_++;
@@ -281,7 +306,29 @@ bool ChunkStore::put(std::shared_ptr<Chunk> c, bool pin, const std::string& owne
     cv_.notify_one();
   }
   entries_[en->id] = std::move(en);
-  return !refused;
+  return true;
+}
+
+int64_t ChunkStore::fetch_remote(std::string_view ns, std::span<const ChunkQuery> chunks, bool content) {
+  if (!remote_ || chunks.empty()) return 0;
+  auto have = [&](size_t i) {
+    const ChunkQuery& q = chunks[i];
+    return (q.keys.prefix && contains_prefix(q.keys.prefix)) || (content && contains_content(q.keys.content));
+  };
+  std::vector<std::shared_ptr<Chunk>> got = remote_->fetch(ns, chunks, content, have, opt_.ram_bytes / 2);
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (auto& c : got) n += put_locked(std::move(c), false, std::string(), nullptr);  // promoted to RAM (and disk), not written back
+  return n;
+}
+
+void ChunkStore::note_prefill(int64_t n_tokens, double ms) {
+  if (remote_) remote_->note_prefill(n_tokens, ms);
+}
+
+std::vector<RemoteEntryInfo> ChunkStore::list_remote(size_t limit) const {
+  if (!remote_) fail("chunk store: no remote tier (--chunk-remote)");
+  return remote_->list(limit);
 }
 
 void ChunkStore::evict_ram_locked(size_t incoming) {
@@ -388,8 +435,11 @@ void ChunkStore::writer_loop() {
 }
 
 void ChunkStore::flush() {
-  std::unique_lock<std::mutex> lock(mu_);
-  idle_cv_.wait(lock, [&] { return queue_.empty() && !writing_; });
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_cv_.wait(lock, [&] { return queue_.empty() && !writing_; });
+  }
+  if (remote_) remote_->flush();
 }
 
 int64_t ChunkStore::verify_disk() {
@@ -431,6 +481,7 @@ ChunkStats ChunkStore::stats() const {
     s.entries_ram += e->ram != nullptr;
     s.entries_disk += !e->path.empty();
   }
+  if (remote_) s.remote = remote_->stats();
   return s;
 }
 

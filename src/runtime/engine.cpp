@@ -247,6 +247,8 @@ void Engine::after_logits(Request::State& r, float* logits) {
       r.t_first = now_ms();
       r.res.ttft_ms = r.t_first - r.t_submit;
       r.res.prefill_ms = r.t_first - r.t_admit;
+      // the remote tier's cost model compares fetching with this measured prefill rate
+      if (chunks_ && !r.approx) chunks_->note_prefill(r.res.n_prompt() - r.res.n_cached, r.res.prefill_ms);
     }
     r.res.output_ids.push_back(tok);
   }

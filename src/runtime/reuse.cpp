@@ -78,6 +78,18 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
       }
     }
   };
+  if (lookups && chunks_->has_remote()) {  // the remote tier: one round trip for the whole prompt
+    std::vector<kv::ChunkQuery> q;
+    for (size_t i = 0; i < r.chunks.size(); ++i)
+      if (r.chunks[i].end > n_cached)
+        q.push_back({r.chunk_keys[i], std::span<const int32_t>(r.context.data() + r.chunks[i].begin,
+                                                               size_t(r.chunks[i].end - r.chunks[i].begin))});
+    const double t0 = now_ms();
+    const int64_t got = chunks_->fetch_remote(r.ns, q, pol.mode != ReuseMode::kPrefixOnly);
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.res.n_remote_chunks = got;
+    r.res.remote_ms = now_ms() - t0;
+  }
   const kv::Chunk* last_hit = nullptr;  // previous chunk, when it was a content hit
   std::vector<std::shared_ptr<const kv::Chunk>> keep;
   for (size_t i = 0; i < r.chunks.size(); ++i) {
@@ -346,7 +358,7 @@ void Engine::store_chunks(Request::State& r) {
       }
       kv::chunk_put_layer(*chunk, shape, l, kbuf.data(), vbuf.data());
     }
-    if (!chunks_->put(std::move(chunk), r.opt.reuse.pin, r.opt.reuse.pin_owner)) ++r.res.n_pin_refused;
+    if (!chunks_->put(std::move(chunk), r.opt.reuse.pin, r.ns, r.opt.reuse.pin_owner)) ++r.res.n_pin_refused;
   }
 }
 

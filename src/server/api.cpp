@@ -516,7 +516,74 @@ ojson kvboost_json(const GenerateResult& r) {
   k["prefill_ms"] = r.prefill_ms;
   k["decode_ms"] = r.decode_ms;
   k["total_ms"] = r.total_ms;
+  if (r.remote_ms > 0 || r.n_remote_chunks > 0) {  // only with --chunk-remote
+    k["remote_chunks"] = r.n_remote_chunks;
+    k["remote_ms"] = r.remote_ms;
+  }
   return k;
+}
+
+ojson remote_stats_json(const kv::RemoteStats& s) {
+  ojson j;
+  j["up"] = s.up;
+  j["hits"] = s.hits;
+  j["misses"] = s.misses;
+  j["bytes"] = s.bytes;
+  j["skipped_not_worth_it"] = s.skipped;
+  j["unavailable"] = s.unavailable;
+  j["corrupt"] = s.corrupt;
+  j["errors"] = s.errors;
+  j["fetches"] = s.fetches;
+  j["fetch_ms_mean"] = s.fetches ? s.fetch_ms_sum / double(s.fetches) : 0.0;
+  j["writes"] = s.writes;
+  j["write_bytes"] = s.write_bytes;
+  j["write_drops"] = s.write_drops;
+  j["write_errors"] = s.write_errors;
+  j["too_big"] = s.too_big;
+  j["rtt_ms"] = s.rtt_ms;
+  j["mb_per_s"] = s.mb_per_s;
+  j["prefill_tok_per_s"] = s.prefill_tok_per_s;
+  return j;
+}
+
+std::string remote_metrics_text(const kv::RemoteStats& s) {
+  std::ostringstream o;
+  auto head = [&](const char* name, const char* type, const char* help) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+  };
+  head("kvboost_chunk_remote_up", "gauge", "1 when the remote chunk tier answered its last command.");
+  o << "kvboost_chunk_remote_up " << (s.up ? 1 : 0) << '\n';
+  head("kvboost_chunk_remote_lookups_total", "counter",
+       "Remote chunk lookups by result (skipped: recomputing is cheaper; unavailable: remote down).");
+  o << "kvboost_chunk_remote_lookups_total{result=\"hit\"} " << s.hits << "\nkvboost_chunk_remote_lookups_total{result=\"miss\"} "
+    << s.misses << "\nkvboost_chunk_remote_lookups_total{result=\"skipped\"} " << s.skipped
+    << "\nkvboost_chunk_remote_lookups_total{result=\"unavailable\"} " << s.unavailable
+    << "\nkvboost_chunk_remote_lookups_total{result=\"corrupt\"} " << s.corrupt << '\n';
+  head("kvboost_chunk_remote_fetched_bytes_total", "counter", "Bytes fetched from the remote chunk tier.");
+  o << "kvboost_chunk_remote_fetched_bytes_total " << s.bytes << '\n';
+  head("kvboost_chunk_remote_errors_total", "counter", "Failed remote commands (connection, timeout, error reply).");
+  o << "kvboost_chunk_remote_errors_total " << s.errors << '\n';
+  head("kvboost_chunk_remote_writes_total", "counter", "Remote chunk writes by result.");
+  o << "kvboost_chunk_remote_writes_total{result=\"ok\"} " << s.writes << "\nkvboost_chunk_remote_writes_total{result=\"dropped\"} "
+    << s.write_drops << "\nkvboost_chunk_remote_writes_total{result=\"refused\"} " << s.write_errors
+    << "\nkvboost_chunk_remote_writes_total{result=\"too_big\"} " << s.too_big << '\n';
+  head("kvboost_chunk_remote_fetch_ms", "histogram", "Latency of one prompt's remote lookup (one round trip), ms.");
+  int64_t cum = 0;
+  for (size_t b = 0; b < kv::kRemoteFetchBuckets; ++b) {
+    cum += s.fetch_ms_buckets[b];
+    o << "kvboost_chunk_remote_fetch_ms_bucket{le=\"";
+    if (b + 1 < kv::kRemoteFetchBuckets) o << kv::kRemoteFetchBucketsMs[b];
+    else o << "+Inf";
+    o << "\"} " << cum << '\n';
+  }
+  o << "kvboost_chunk_remote_fetch_ms_sum " << s.fetch_ms_sum << "\nkvboost_chunk_remote_fetch_ms_count " << s.fetches << '\n';
+  head("kvboost_chunk_remote_rtt_ms", "gauge", "The cost model's round-trip time estimate, ms.");
+  o << "kvboost_chunk_remote_rtt_ms " << s.rtt_ms << '\n';
+  head("kvboost_chunk_remote_bandwidth_mb_per_s", "gauge", "The cost model's remote bandwidth estimate, MB/s.");
+  o << "kvboost_chunk_remote_bandwidth_mb_per_s " << s.mb_per_s << '\n';
+  head("kvboost_chunk_remote_prefill_tok_per_s", "gauge", "The cost model's prefill rate estimate, tokens/s.");
+  o << "kvboost_chunk_remote_prefill_tok_per_s " << s.prefill_tok_per_s << '\n';
+  return o.str();
 }
 
 namespace {

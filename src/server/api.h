@@ -61,6 +61,9 @@ std::string make_id(const char* prefix);
 ojson usage_json(const GenerateResult& r);
 // KVBoost's per-request extension object: reuse and timing details.
 ojson kvboost_json(const GenerateResult& r);
+// The remote chunk tier's counters: /v1/stats JSON and Prometheus text for /metrics.
+ojson remote_stats_json(const kv::RemoteStats& s);
+std::string remote_metrics_text(const kv::RemoteStats& s);
 // OpenAI's finish_reason for an engine result ("stop" | "length").
 std::string finish_reason_of(const GenerateResult& r);
 

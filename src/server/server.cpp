@@ -617,6 +617,7 @@ struct Server::Impl {
       ck["stores"] = c.stores;
       ck["evictions_ram"] = c.evictions_ram;
       ck["evictions_disk"] = c.evictions_disk;
+      if (c.remote.enabled) ck["remote"] = server::remote_stats_json(c.remote);
       s["chunks"] = ck;
     }
     std::lock_guard<std::mutex> l(stats_mu);
@@ -731,6 +732,7 @@ struct Server::Impl {
       metric("kvboost_chunk_store_evictions_total", "counter", "Chunks evicted, by tier.");
       o << "kvboost_chunk_store_evictions_total{tier=\"ram\"} " << c.evictions_ram << "\nkvboost_chunk_store_evictions_total{tier=\"disk\"} "
         << c.evictions_disk << '\n';
+      if (c.remote.enabled) o << server::remote_metrics_text(c.remote);
     }
     metric("kvboost_process_resident_memory_bytes", "gauge", "Resident set size of the server process.");
     o << "kvboost_process_resident_memory_bytes " << process_rss_bytes() << '\n';

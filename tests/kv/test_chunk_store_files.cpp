@@ -93,15 +93,15 @@ TEST(ChunkStoreFiles, PinsAreBoundedPerOwnerAndInAll) {
   o.max_pinned_per_owner = one * 2;
   o.model_id = "m";
   ChunkStore st(kShape, o);
-  EXPECT_TRUE(st.put(chunk(1), true, "a"));
-  EXPECT_TRUE(st.put(chunk(2), true, "a"));
-  EXPECT_FALSE(st.put(chunk(3), true, "a")) << "over a's share";
+  EXPECT_TRUE(st.put(chunk(1), true, {}, "a"));
+  EXPECT_TRUE(st.put(chunk(2), true, {}, "a"));
+  EXPECT_FALSE(st.put(chunk(3), true, {}, "a")) << "over a's share";
   EXPECT_EQ(st.pinned_bytes("a"), one * 2);
   // A refused pin is still cached (unpinned, evictable).
   EXPECT_TRUE(st.find_prefix(chunk(3)->keys, chunk(3)->tokens));
-  EXPECT_TRUE(st.put(chunk(4), true, "b"));
-  EXPECT_TRUE(st.put(chunk(5), true, "b"));
-  EXPECT_FALSE(st.put(chunk(6), true, "c")) << "c has a share left, but all pins together would pass ram_bytes";
+  EXPECT_TRUE(st.put(chunk(4), true, {}, "b"));
+  EXPECT_TRUE(st.put(chunk(5), true, {}, "b"));
+  EXPECT_FALSE(st.put(chunk(6), true, {}, "c")) << "c has a share left, but all pins together would pass ram_bytes";
   const ChunkStats s = st.stats();
   EXPECT_LE(size_t(s.pinned_bytes), o.ram_bytes);
   EXPECT_EQ(s.pinned, 4);
