@@ -25,6 +25,7 @@ apt_packages=(
   nlohmann-json3-dev libpcre2-dev libxxhash-dev libcli11-dev libicu-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsimde-dev
   python3-venv python3-torch python3-numpy
+  python3-dev pybind11-dev
 )
 
 # Pins. Why these versions:
@@ -33,6 +34,8 @@ apt_packages=(
 #   every model module, and Qwen3 arrived only in 4.51 (see tools/oracle/qwen3_adapter.py).
 # - tokenizers 0.21.1: the tokenizer oracle's pin (transformers 4.49 accepts >=0.21,<0.22).
 # - openai (server tests) and gguf (GGUF reader tests) are pinned so test results do not drift.
+# - scikit-build-core builds the Python package (pyproject.toml) offline with --no-build-isolation;
+#   pytest runs tests/python (pybind11 comes from Debian's pybind11-dev).
 pip_pins=(
   transformers==4.49.0
   tokenizers==0.21.1
@@ -42,6 +45,8 @@ pip_pins=(
   gguf==0.19.0
   jinja2==3.1.6
   MarkupSafe==3.0.4
+  scikit-build-core==0.11.6
+  pytest==8.4.2
 )
 
 # --- 1. Debian packages -------------------------------------------------------------------------
