@@ -3,6 +3,7 @@ caches, verify_correctness, errors, cancellation, threads."""
 import _thread
 import json
 import os
+import shutil
 import threading
 import time
 
@@ -124,11 +125,17 @@ def test_errors_are_kvboost_errors(tiny, tiny_dir, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text("{ not json")
+    (bad / "tokenizer.json").write_bytes(open(os.path.join(tiny_dir, "tokenizer.json"), "rb").read())
     with pytest.raises(kvboost.EngineError, match="config.json") as ei:
         kvboost.KVBoost.from_pretrained(str(bad))
     assert isinstance(ei.value, kvboost.Error)
+    plain = tmp_path / "plain"  # the fixture without a chat template
+    shutil.copytree(tiny_dir, plain)
+    cfg = json.loads((plain / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(cfg))
     with pytest.raises(kvboost.ChatTemplateError, match="chat template"):
-        tiny.generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=2)
+        kvboost.KVBoost.from_pretrained(str(plain)).generate(messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(kvboost.InvalidRequestError, match="request 1"):
         tiny.generate_batch([PROMPT, ""], max_new_tokens=2)
 
