@@ -93,6 +93,7 @@ def main():
     questions = ["Tell me about a cat who lost her hat.", "Tell me about a boy and his red kite.",
                  "Tell me about a dog who could not sleep."]
     rows = []
+    q.generate("An unrelated warm-up prompt.", max_new_tokens=4, temperature=0, store=False)  # first-call costs
     r = q.generate(SYSTEM + questions[0], max_new_tokens=32, temperature=0, store=False)
     rows.append(("cold (no warm)", r))
     t0 = time.perf_counter()

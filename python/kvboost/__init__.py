@@ -170,7 +170,15 @@ class Stream:
                 self._req.cancel()
 
     def cancel(self) -> None:
+        """Stops the request; the engine frees its KV."""
         self._req.cancel()
+
+    def __del__(self) -> None:  # a stream dropped without being read to the end
+        try:
+            if not self._req.done():
+                self._req.cancel()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
 
 class Tokenizer:
