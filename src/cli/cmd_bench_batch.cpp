@@ -108,7 +108,7 @@ void run_batch(const BatchArgs& a) {
 void add_bench_batch(CLI::App* bench) {
   auto a = std::make_shared<BatchArgs>();
   CLI::App* c = bench->add_subcommand("batch", "Continuous-batching decode tokens/s: B requests together vs one alone");
-  c->add_option("--model", a->model, "Model directory (default: the offline demo model)");
+  c->add_option("--model", a->model, "Model directory, .gguf file or Hugging Face id ORG/NAME[@REV] (default: the offline demo model)");
   c->add_option("--batches", a->batches, "Comma-separated batch sizes (the first is the baseline)")->capture_default_str();
   c->add_option("-n,--new-tokens", a->new_tokens, "Tokens generated per request")->capture_default_str();
   c->add_option("--runs", a->runs, "Runs per batch size (median)")->capture_default_str();

@@ -434,7 +434,7 @@ void run_bench(const Args& a) {
 void add_bench_reuse(CLI::App* bench) {
   auto a = std::make_shared<Args>();
   CLI::App* c = bench->add_subcommand("reuse", "TTFT and quality of chunk-level KV reuse: coding, RAG and chat scenarios");
-  c->add_option("--model", a->model, "Model directory (default: the offline demo model)");
+  c->add_option("--model", a->model, "Model directory, .gguf file or Hugging Face id ORG/NAME[@REV] (default: the offline demo model)");
   c->add_option("--scenarios", a->scenarios, "Comma-separated subset of coding,rag,chat")->capture_default_str();
   c->add_option("--runs", a->runs, "Prompts per scenario (medians)")->capture_default_str();
   c->add_option("--docs", a->docs, "RAG: documents per request")->capture_default_str();

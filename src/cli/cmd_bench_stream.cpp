@@ -250,7 +250,7 @@ void run_stream(const StreamArgs& a) {
 void add_bench_stream(CLI::App* bench) {
   auto a = std::make_shared<StreamArgs>();
   CLI::App* c = bench->add_subcommand("stream", "Layer streaming under --weight-budget: disk limit, prefill/decode tokens/s, bytes per token");
-  c->add_option("-m,--model", a->model, "Model directory (default: the demo model)");
+  c->add_option("-m,--model", a->model, "Model directory, .gguf file or Hugging Face id ORG/NAME[@REV] (default: the demo model)");
   c->add_option("--weight-budget", a->budget, "Bytes of layer matrices in memory, e.g. 768M; 0 = fully resident")->capture_default_str();
   c->add_option("--head-quant", a->head_quant, kHeadQuantHelp)->capture_default_str();
   c->add_option("--prompt", a->prompt, "Prompt tokens (random ids)")->capture_default_str()->check(CLI::Range(1, 100000));

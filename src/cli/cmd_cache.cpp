@@ -100,7 +100,7 @@ void run_cache(const CacheArgs& a) {
 void add_cache_commands(CLI::App& app) {
   auto w = std::make_shared<WarmArgs>();
   CLI::App* c = app.add_subcommand("warm", "Compute and store the chunks of prompt files ahead of time (disk and/or remote tier)");
-  c->add_option("-m,--model", w->model, "Model directory (default: the offline demo model)");
+  c->add_option("-m,--model", w->model, "Model directory, .gguf file or Hugging Face id ORG/NAME[@REV] (default: the offline demo model)");
   c->add_option("files", w->files, "Prompt files (exact bytes)")->required();
   c->add_option("--cache-namespace", w->cache_namespace, "Tenant namespace");
   w->chunks.add(c);
@@ -108,7 +108,7 @@ void add_cache_commands(CLI::App& app) {
 
   auto k = std::make_shared<CacheArgs>();
   CLI::App* i = app.add_subcommand("cache", "Inspect a chunk store (directory and/or --chunk-remote): entries, bytes, corrupt entries");
-  i->add_option("-m,--model", k->model, "Model directory (default: the offline demo model)");
+  i->add_option("-m,--model", k->model, "Model directory, .gguf file or Hugging Face id ORG/NAME[@REV] (default: the offline demo model)");
   i->add_option("--remote-limit", k->remote_limit, "List at most this many remote entries")->capture_default_str();
   k->chunks.add(i);
   i->add_flag("--verify", k->verify, "Read every chunk file and check its checksum (corrupt ones are removed)");

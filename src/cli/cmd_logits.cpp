@@ -35,7 +35,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 }
 
 void run_logits(const LogitsArgs& a) {
-  auto model = Model::load(a.model);
+  auto model = Model::load(resolve_model_dir(a.model, true));  // a directory, .gguf or Hub id
   const ModelConfig& c = model->config();
   auto ids = parse_ids(a.ids);
   const int64_t n = int64_t(ids.size());

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "cli_util.h"
+#include "kvboost/hub.h"
 #include "kvboost/server.h"
 
 namespace kvboost::cli {
@@ -93,6 +94,7 @@ void run_serve(const ServeArgs& a) {
   }
   if (const char* k = std::getenv("KVBOOST_API_KEY"); k && *k && so.api_keys.empty()) so.api_keys.push_back(k);
   so.model_name = a.served_name;
+  if (so.model_name.empty() && !a.model.empty()) so.model_name = resolve_model(a.model).hub_id;  // a Hub id's name
   so.model_dir = dir;
   so.chat_config = chat_cfg;
   so.max_body_bytes = parse_bytes(a.max_body, "--max-body");
@@ -133,7 +135,7 @@ void run_serve(const ServeArgs& a) {
 void add_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* c = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
-  c->add_option("-m,--model", a->model, "Hugging Face model directory (default: the generated demo model)");
+  c->add_option("-m,--model", a->model, "Model directory, .gguf file or Hugging Face id ORG/NAME[@REV] (default: the generated demo model)");
   c->add_option("--host", a->host, "Address to bind (default: loopback only)")->capture_default_str();
   c->add_option("--port", a->port, "TCP port (0: any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
   c->add_option("--api-key", a->api_keys,

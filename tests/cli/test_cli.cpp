@@ -269,3 +269,34 @@ TEST(Cli, BenchReuseReadsACorpus) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("missing.txt"), std::string::npos) << r.err;
 }
+
+// --model takes a Hugging Face id through the cache layout (refs/main -> snapshots/<commit>/,
+// files symlinked into blobs/); a missing one names the id and the download command.
+TEST(Cli, ModelTakesAHuggingFaceIdFromTheCache) {
+  KVBOOST_REQUIRE_PATH(stories());
+  namespace fs = std::filesystem;
+  const std::string cache = kvboost::test::make_temp_dir("cli_hf_cache_" + std::to_string(getpid()));
+  const std::string commit(40, 'c');
+  const fs::path repo = fs::path(cache) / "models--karpathy--stories260K";
+  fs::create_directories(repo / "refs");
+  std::ofstream(repo / "refs" / "main") << commit;
+  fs::create_directories(repo / "blobs");
+  fs::create_directories(repo / "snapshots" / commit);
+  for (const auto& e : fs::directory_iterator(stories())) {
+    const std::string name = e.path().filename().string();
+    fs::copy_file(e.path(), repo / "blobs" / ("etag-" + name));
+    fs::create_symlink(fs::path("../../blobs") / ("etag-" + name), repo / "snapshots" / commit / name);
+  }
+  setenv("HF_HUB_CACHE", cache.c_str(), 1);
+  Proc r = run("generate --model karpathy/stories260K -p \"Once upon a time\" -n 8 --temperature 0 --quiet");
+  Proc missing = run("generate --model karpathy/absent -p hi");
+  Proc dir = run("generate --model /nonexistent/model -p hi");
+  unsetenv("HF_HUB_CACHE");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("Once upon a time", 0), 0u) << r.out;
+  EXPECT_EQ(missing.rc, 1);
+  EXPECT_NE(missing.err.find("huggingface-cli download karpathy/absent"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find(cache + "/models--karpathy--absent"), std::string::npos) << missing.err;
+  EXPECT_NE(dir.err.find("no such directory"), std::string::npos) << dir.err;
+  EXPECT_EQ(dir.err.find("tokenizer"), std::string::npos) << dir.err;
+}
