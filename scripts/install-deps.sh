@@ -42,6 +42,7 @@ pip_pins=(
   gguf==0.19.0
   jinja2==3.1.6
   MarkupSafe==3.0.4
+  jsonschema==4.26.0  # tests/server/structured_output_test.py validates sampled JSON
 )
 
 # --- 1. Debian packages -------------------------------------------------------------------------

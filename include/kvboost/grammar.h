@@ -64,6 +64,8 @@ std::string regex_to_gbnf(std::string_view regex);
 std::string choice_to_gbnf(const std::vector<std::string>& choices);
 // A GBNF string literal (quoted, escaped) for `s`.
 std::string gbnf_literal(std::string_view s);
+// GBNF text with every rule name prefixed (so that grammars can be combined into one).
+std::string prefix_rules(std::string_view gbnf, const std::string& prefix);
 
 // ---- compiled grammars --------------------------------------------------------------------------
 

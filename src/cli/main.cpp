@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   kvboost::cli::add_bench_reuse(bench);
   kvboost::cli::add_bench_stream(bench);
   kvboost::cli::add_bench_batch(bench);
+  kvboost::cli::add_bench_grammar(bench);
   kvboost::cli::add_serve(app);
   try {
     app.parse(argc, argv);

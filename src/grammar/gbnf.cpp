@@ -516,6 +516,34 @@ std::string to_gbnf(const Grammar& g) {
   return out;
 }
 
+std::string prefix_rules(std::string_view g, const std::string& prefix) {
+  std::string out;
+  for (size_t i = 0; i < g.size();) {
+    const char c = g[i];
+    if (c == '"' || c == '[') {  // a literal or a class: copied as is (escapes included)
+      const char close = c == '"' ? '"' : ']';
+      size_t k = i + 1;
+      while (k < g.size() && g[k] != close) k += g[k] == '\\' ? 2 : 1;
+      out.append(g.substr(i, k + 1 - i));
+      i = k + 1;
+    } else if (c == '#') {
+      while (i < g.size() && g[i] != '\n') out += g[i++];
+    } else if (is_word_char(c) && !(c >= '0' && c <= '9' && i > 0 && g[i - 1] == '{')) {
+      size_t k = i;
+      while (k < g.size() && is_word_char(g[k])) ++k;
+      out += prefix;
+      out.append(g.substr(i, k - i));
+      i = k;
+    } else if (c == '{') {  // a repetition count
+      while (i < g.size() && g[i] != '}') out += g[i++];
+    } else {
+      out += c;
+      ++i;
+    }
+  }
+  return out;
+}
+
 std::string choice_to_gbnf(const std::vector<std::string>& choices) {
   if (choices.empty()) throw UnsupportedFeature("empty choice", "guided_choice: the list of choices is empty");
   std::string out = "root ::= ";

@@ -441,9 +441,10 @@ class Converter {
       const ojson& ap = s["additionalProperties"];
       if (ap.is_boolean()) extra = ap.get<bool>() ? prim("value") : "";
       else extra = visit(ap, hint + "-extra", path + "/additionalProperties");
-    } else if (!strict_ || props.empty()) {
-      // An object with no properties at all is any object; non-strict: additional allowed.
-      extra = strict_ && !props.empty() ? "" : prim("value");
+    } else if (!strict_ || !s.contains("properties")) {
+      // Non-strict: additional properties allowed (the spec's default); strict: only an object
+      // schema without `properties` at all is open.
+      extra = prim("value");
     }
     // Members in order. S_i: nothing emitted yet; T_i: something emitted (needs a comma).
     std::vector<std::string> members;

@@ -3,6 +3,8 @@
 // per state in the CompiledGrammar.
 #include <algorithm>
 #include <cmath>
+#include <deque>
+#include <unordered_map>
 #include <limits>
 #include <list>
 #include <map>
@@ -182,49 +184,83 @@ namespace {
 
 using Stacks = std::vector<std::vector<uint32_t>>;
 
+// The walk interns the stack sets it meets and memoizes (set, code point) -> set, so that the
+// matcher runs once per distinct transition instead of once per trie node: a state inside a
+// JSON string maps almost every character back to one or two sets, and the ~1M nodes of a 262k
+// vocabulary become hash lookups.
 struct Walker {
   const Grammar& g;
   const TokenVocab& v;
   std::vector<uint32_t>& bits;
-  std::vector<Stacks> level;  // scratch stacks per trie depth
+  std::deque<Stacks> sets;                           // interned stack sets, by id
+  std::unordered_map<std::string, int32_t> set_ids;  // serialized set -> id
+  std::unordered_map<uint64_t, int32_t> step;        // (id, cp) -> id, -1: rejected
+  std::unordered_map<uint64_t, bool> partial_ok;     // (id, lo) -> a partial char may continue
+  Stacks scratch;
 
-  void walk(uint32_t node, size_t depth, const Stacks& cur, uint32_t pcp, uint8_t pleft, uint8_t plen) {
+  static std::string key_of(const Stacks& st) {
+    std::string k;
+    for (const auto& s : st) {
+      const uint32_t n = uint32_t(s.size());
+      k.append(reinterpret_cast<const char*>(&n), 4);
+      k.append(reinterpret_cast<const char*>(s.data()), s.size() * 4);
+    }
+    return k;
+  }
+  int32_t intern(const Stacks& st) {
+    auto [it, added] = set_ids.emplace(key_of(st), int32_t(sets.size()));
+    if (added) sets.push_back(st);
+    return it->second;
+  }
+  int32_t advance(int32_t id, uint32_t cp) {
+    const uint64_t k = (uint64_t(uint32_t(id)) << 21) | cp;
+    auto it = step.find(k);
+    if (it != step.end()) return it->second;
+    advance_stacks(g, sets[size_t(id)], cp, scratch);
+    const int32_t r = scratch.empty() ? -1 : intern(scratch);
+    step.emplace(k, r);
+    return r;
+  }
+  bool may_continue(int32_t id, uint8_t left, uint32_t lo, uint32_t hi) {
+    const uint64_t k = (uint64_t(uint32_t(id)) << 23) | (uint64_t(left) << 21) | lo;
+    auto it = partial_ok.find(k);
+    if (it != partial_ok.end()) return it->second;
+    const bool r = stacks_accept_range(g, sets[size_t(id)], lo, hi);
+    partial_ok.emplace(k, r);
+    return r;
+  }
+
+  void walk(uint32_t node, int32_t cur, uint32_t pcp, uint8_t pleft, uint8_t plen) {
     const TokenVocab::Node& n = v.nodes()[node];
     for (uint32_t c = n.first_child; c < n.first_child + n.n_children; ++c) {
       const uint8_t b = v.edge_bytes()[c];
       uint32_t qcp = pcp;
       uint8_t qleft = pleft, qlen = plen;
-      bool complete = false;
-      uint32_t cp = 0;
-      if (qleft == 0) {
-        if (b < 0x80) cp = b, complete = true;
-        else if (!utf8::lead(b, qcp, qleft, qlen)) continue;
+      int32_t next = cur;
+      if (qleft == 0 && b < 0x80) {
+        next = advance(cur, b);
+      } else if (qleft == 0) {
+        if (!utf8::lead(b, qcp, qleft, qlen)) continue;
       } else {
         if ((b & 0xC0) != 0x80) continue;
         qcp = (qcp << 6) | (b & 0x3F);
         if (--qleft == 0) {
-          cp = qcp, complete = true, qcp = 0;
-          if (!utf8::valid(cp, qlen)) continue;
-          qlen = 0;
+          if (!utf8::valid(qcp, qlen)) continue;
+          next = advance(cur, qcp);
+          qcp = 0, qlen = 0;
         }
       }
-      const Stacks* next = &cur;
-      if (complete) {
-        advance_stacks(g, cur, cp, level[depth + 1]);
-        if (level[depth + 1].empty()) continue;
-        next = &level[depth + 1];
-      } else {
+      if (next < 0) continue;
+      if (qleft > 0) {
         uint32_t lo, hi;
-        if (!utf8::range(qcp, qleft, qlen, lo, hi) || !stacks_accept_range(g, cur, lo, hi)) continue;
+        if (!utf8::range(qcp, qleft, qlen, lo, hi) || !may_continue(cur, qleft, lo, hi)) continue;
       }
       const TokenVocab::Node& cn = v.nodes()[c];
       for (uint32_t t = cn.first_token; t < cn.first_token + cn.n_tokens; ++t) {
         const int32_t id = v.token_ids()[t];
         bits[size_t(id) >> 5] |= 1u << (id & 31);
       }
-      // The child's walk writes only level[depth + 2] and deeper, so `next` stays valid
-      // (level is sized for the longest token up front: no reallocation).
-      if (cn.n_children) walk(c, depth + 1, *next, qcp, qleft, qlen);
+      if (cn.n_children) walk(c, next, qcp, qleft, qlen);
     }
   }
 };
@@ -257,9 +293,8 @@ std::shared_ptr<const std::vector<uint32_t>> Matcher::allowed() {
   }
   const TokenVocab& v = g_->vocab();
   auto bits = std::make_shared<std::vector<uint32_t>>((size_t(v.size()) + 31) / 32, 0u);
-  Walker w{g_->grammar(), v, *bits, {}};
-  w.level.resize(v.max_len() + 2);
-  if (st_.partial_left > 0 || !st_.stacks.empty()) w.walk(0, 0, st_.stacks, st_.partial_cp, st_.partial_left, st_.partial_len);
+  Walker w{g_->grammar(), v, *bits, {}, {}, {}, {}, {}};
+  if (st_.partial_left > 0 || !st_.stacks.empty()) w.walk(0, w.intern(st_.stacks), st_.partial_cp, st_.partial_left, st_.partial_len);
   std::lock_guard<std::mutex> l(g_->mu_);
   // At most ~64 MiB of masks per grammar; past that, start over (states of a long generation
   // that never repeat).

@@ -79,6 +79,9 @@ TEST(JsonSchema, AdditionalPropertiesNeverShadowKnownKeys) {
   EXPECT_FALSE(accepts(s, R"({"ab": "y"})"));
   EXPECT_FALSE(accepts(s, R"({"x": "y", "ab": "z"})"));  // "ab" as an additional key
   EXPECT_FALSE(accepts(s, R"({"x": 1})"));
+  EXPECT_TRUE(accepts(R"({"type":"object","properties":{}})", "{}"));
+  EXPECT_FALSE(accepts(R"({"type":"object","properties":{}})", R"({"a": 1})"));
+  EXPECT_TRUE(accepts(R"({"type":"object"})", R"({"a": 1})"));  // no properties: any object
   // Not strict: additional properties allowed by default.
   EXPECT_TRUE(accepts(R"({"type":"object","properties":{"a":{"type":"null"}}})", R"({"a": null, "z": [1]})", false));
   EXPECT_FALSE(accepts(R"({"type":"object","properties":{"a":{"type":"null"}}})", R"({"a": null, "z": [1]})", true));
