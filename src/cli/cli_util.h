@@ -39,6 +39,7 @@ CLI::App* add_bench(CLI::App& app);
 void add_bench_reuse(CLI::App* bench);  // kvboost bench reuse (cmd_bench_reuse.cpp)
 void add_bench_stream(CLI::App* bench);  // kvboost bench stream (cmd_bench_stream.cpp)
 void add_bench_batch(CLI::App* bench);  // kvboost bench batch (cmd_bench_batch.cpp)
+void add_bench_grammar(CLI::App* bench);  // kvboost bench grammar (cmd_bench_grammar.cpp)
 void add_cache_commands(CLI::App& app);  // kvboost warm, kvboost cache (cmd_cache.cpp)
 
 // Chunk store options (--chunk-size, --chunk-store, --chunk-ram, --chunk-disk, --kv-quant,

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   kvboost::cli::add_bench_reuse(bench);
   kvboost::cli::add_bench_stream(bench);
   kvboost::cli::add_bench_batch(bench);
+  kvboost::cli::add_bench_grammar(bench);
   kvboost::cli::add_json_output(bench);  // after every bench subcommand exists
   kvboost::cli::add_serve(app);
   kvboost::cli::add_chat(app);

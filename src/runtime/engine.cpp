@@ -229,8 +229,18 @@ void Engine::after_logits(Request::State& r, float* logits) {
   if (r.opt.on_logits) r.opt.on_logits(logits, cfg.vocab_size);
   // The sampler's penalties change logits in place; log-probabilities are of the raw ones.
   if (r.opt.logprobs >= 0) r.raw_logits.assign(logits, logits + cfg.vocab_size);
-  const int32_t tok = r.forced_next < r.opt.forced_output.size() ? r.opt.forced_output[r.forced_next++]
-                                                                  : r.sampler.sample(logits, cfg.vocab_size, r.history, r.prompt.size());
+  const bool forced = r.forced_next < r.opt.forced_output.size();
+  if (r.matcher && !forced && r.matcher->apply(logits, cfg.vocab_size, r.eos) == 0) {
+    {  // cannot happen with a vocabulary that has every byte; never sample outside the grammar
+      std::lock_guard<std::mutex> lock(r.mu);
+      r.res.error = "grammar: no token of the vocabulary continues the output";
+    }
+    finish(r, "error");
+    return;
+  }
+  const int32_t tok = forced ? r.opt.forced_output[r.forced_next++]
+                             : r.sampler.sample(logits, cfg.vocab_size, r.history, r.prompt.size());
+  if (r.matcher) r.matcher->accept(tok, r.eos);
   if (r.opt.logprobs >= 0) {
     TokenLogprob lp = token_logprob(r.raw_logits.data(), cfg.vocab_size, tok, r.opt.logprobs);
     lp.prev = r.history.empty() ? -1 : r.history.back();  // (tok joins the history below)
@@ -260,6 +270,7 @@ void Engine::after_logits(Request::State& r, float* logits) {
     if (r.stop.stopped()) end = "stop";
   }
   const int out = int(r.res.output_ids.size());
+  if (!end && r.matcher && r.matcher->must_end()) end = "stop";  // the grammar's output is complete
   if (!end && (out >= r.opt.max_new_tokens || int64_t(r.history.size()) >= context_length())) end = "length";
   if (end && !r.stop.stopped()) {  // a normal end: release what was held back
     text += r.stop.push(r.dec.finish());

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 
 #include "kvboost/runtime.h"
 
@@ -14,6 +15,7 @@ struct Request::State {
   State(std::vector<int32_t> ids, GenerateOptions o, const SamplerConfig& sc, const Tokenizer& tok)
       : prompt(std::move(ids)), opt(std::move(o)), sampler(sc), dec(tok, true), stop(opt.stop) {
     dec.set_context(prompt);  // the output is a continuation: "Once upon a" + " time"
+    if (opt.grammar) matcher.emplace(opt.grammar);
   }
 
   std::vector<int32_t> prompt;
@@ -22,6 +24,7 @@ struct Request::State {
   std::vector<int32_t> eos;
   StreamDecoder dec;
   StopMatcher stop;
+  std::optional<grammar::Matcher> matcher;  // GenerateOptions::grammar's state
 
   std::atomic<bool> cancel_flag{false}, done_flag{false};
   mutable std::mutex mu;  // guards res against readers on other threads

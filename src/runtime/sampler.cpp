@@ -104,7 +104,10 @@ int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>
 
   cand_.clear();
   cand_.reserve(size_t(vocab));
-  for (int64_t i = 0; i < vocab; ++i) cand_.emplace_back(logits[i] / cfg_.temperature, int32_t(i));
+  // -inf logits (a grammar's mask) are no candidates at all.
+  for (int64_t i = 0; i < vocab; ++i)
+    if (logits[i] != -std::numeric_limits<float>::infinity()) cand_.emplace_back(logits[i] / cfg_.temperature, int32_t(i));
+  if (cand_.empty()) return int32_t(kernels::argmax(logits, vocab));
   auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
   size_t n = cand_.size();
   if (cfg_.top_k > 0 && size_t(cfg_.top_k) < n) {

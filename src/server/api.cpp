@@ -208,12 +208,9 @@ void parse_common(const ojson& body, const ApiContext& ctx, ParsedRequest& p) {
   // Features this server does not implement: a clear 400 rather than a silently different answer.
   if (const ojson* v = field(body, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
     bad("'suffix' is not supported", "suffix", "unsupported_parameter");
-  if (const ojson* v = field(body, "tools"); v && !(v->is_array() && v->empty()))
-    bad("'tools' (function calling) is not supported", "tools", "unsupported_parameter");
-  if (const ojson* v = field(body, "response_format")) {
-    if (!v->is_object() || v->value("type", "") != "text")
-      bad("only response_format {\"type\": \"text\"} is supported", "response_format", "unsupported_parameter");
-  }
+  if (const ojson* v = field(body, "tools"); v && !p.chat && !(v->is_array() && v->empty()))
+    bad("'tools' (function calling) is supported on /v1/chat/completions only", "tools", "unsupported_parameter");
+  parse_structured(body, ctx, p);  // response_format, guided_*, grammar, json_schema (api_structured.cpp)
   if (const ojson* v = field(body, "logit_bias"); v && !(v->is_object() && v->empty()))
     bad("'logit_bias' is not supported", "logit_bias", "unsupported_parameter");
   (void)ctx;
@@ -434,6 +431,7 @@ ParsedRequest parse_chat(const ojson& body, const ApiContext& ctx) {
     out["content"] = content;
     if (auto name = get_string(m, "name")) out["name"] = *name;
     if (auto id = get_string(m, "tool_call_id")) out["tool_call_id"] = *id;
+    if (const ojson* tc = field(m, "tool_calls"); tc && r == "assistant") out["tool_calls"] = template_tool_calls(*tc, at + ".tool_calls");
     conv.push_back(std::move(out));
   }
   if (!ctx.has_chat_template)
@@ -446,6 +444,7 @@ ParsedRequest parse_chat(const ojson& body, const ApiContext& ctx) {
     if (!kw->is_object()) bad("'chat_template_kwargs' must be an object", "chat_template_kwargs", "invalid_type");
     extra = *kw;
   }
+  parse_tools(body, ctx, p, extra);  // tools into the template's context (api_structured.cpp)
   const bool add_gen = get_bool(body, "add_generation_prompt").value_or(true);
   try {
     p.prompt_text = apply_chat_template(ctx.chat_config, conv, add_gen, extra);
@@ -678,12 +677,19 @@ ojson completion_body(const std::string& id, int64_t created, const std::string&
     ojson msg;
     msg["role"] = "assistant";
     msg["content"] = r.text;
+    if (p.parse_tools) {
+      ToolCallSplit tc = split_tool_calls(r.text);
+      if (!tc.tool_calls.empty()) {
+        msg["content"] = tc.content.empty() ? ojson(nullptr) : ojson(tc.content);
+        msg["tool_calls"] = tc.tool_calls;
+      }
+    }
     choice["message"] = msg;
   } else {
     choice["text"] = p.echo ? p.prompt_text + r.text : r.text;
   }
   choice["logprobs"] = tok && p.opt.logprobs >= 0 ? logprobs_json(r.logprobs, p.chat, *tok, 0) : ojson(nullptr);
-  choice["finish_reason"] = finish_reason_of(r);
+  choice["finish_reason"] = p.chat && choice["message"].contains("tool_calls") ? "tool_calls" : finish_reason_of(r);
   ojson o;
   o["id"] = id;
   o["object"] = p.chat ? "chat.completion" : "text_completion";

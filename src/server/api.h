@@ -46,6 +46,38 @@ struct ParsedRequest {
   std::string prompt_text;      // for echo (the prompt as the client gave it, or decoded ids)
   std::string cache_salt;       // extension: part of the cache namespace (with the tenant)
   GenerateOptions opt;          // everything but on_text and cache_namespace
+  // Tools (chat): parse the output's tool calls (<tool_call>{json}</tool_call>, Hermes/Qwen) into
+  // OpenAI tool_calls; tool_choice "none" renders the tools but leaves the text alone.
+  bool parse_tools = false;
+};
+
+// api_structured.cpp: response_format, guided_json/regex/choice/grammar, grammar, json_schema
+// (sets p.opt.grammar; 400 naming the field or the unsupported schema feature).
+void parse_structured(const ojson& body, const ApiContext& ctx, ParsedRequest& p);
+// tools / tool_choice (chat): checks them, adds `tools` to the template's context, constrains
+// the output for tool_choice required/named. Call before rendering the template.
+void parse_tools(const ojson& body, const ApiContext& ctx, ParsedRequest& p, ojson& template_extra);
+// An assistant message's tool_calls (OpenAI form, arguments a JSON string) as chat templates
+// expect them (arguments an object). 400 naming `at` when malformed.
+ojson template_tool_calls(const ojson& tool_calls, const std::string& at);
+// Splits generated text into content and OpenAI tool_calls (id, type, function.name,
+// function.arguments as a JSON string). tool_calls is an empty array when there are none.
+struct ToolCallSplit {
+  std::string content;
+  ojson tool_calls = ojson::array();
+};
+ToolCallSplit split_tool_calls(const std::string& text);
+// Streaming form: text in, chat deltas out ({"content": ...} or {"tool_calls": [...]}); text that
+// may start a tool call is held back until it is known.
+class ToolCallStream {
+ public:
+  std::vector<ojson> push(const std::string& text, bool done);
+  int n_calls() const { return n_calls_; }
+
+ private:
+  std::string buf_;
+  bool in_call_ = false;
+  int n_calls_ = 0;
 };
 
 // The JSON body, or ApiError 400 (malformed JSON, invalid UTF-8, not an object).

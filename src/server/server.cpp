@@ -23,6 +23,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -441,6 +442,8 @@ struct Server::Impl {
     const char* cancel_why = nullptr;
     std::vector<TokenLogprob> lps;  // streamed logprobs waiting for their text
     size_t text_offset = 0;
+    std::optional<server::ToolCallStream> tools;  // chat with tools: content / tool_calls deltas
+    if (p.chat && p.parse_tools) tools.emplace();
     for (;;) {
       std::string piece;
       bool done;
@@ -454,16 +457,23 @@ struct Server::Impl {
       }
       // Logprobs travel with the text their tokens produced; tokens whose text is still held back
       // (part of a UTF-8 character, a possible stop string) wait, and the rest goes out at the end.
-      if (p.stream && streaming_ok && (!piece.empty() || (done && !lps.empty()))) {
+      if (p.stream && streaming_ok && (!piece.empty() || (done && (!lps.empty() || tools)))) {
         ojson lp = nullptr;
         if (!lps.empty()) {
           lp = server::logprobs_json(lps, p.chat, *ctx.tok, text_offset);
           for (const TokenLogprob& t : lps) text_offset += ctx.tok->decode({t.id}, false).size();
           lps.clear();
         }
-        const ojson chunk = p.chat ? server::chat_chunk(id, created_s, model, ojson{{"content", piece}}, "", lp)
-                                   : server::completion_chunk(id, created_s, model, piece, "", lp);
-        streaming_ok = send_event(c, chunk);
+        if (tools) {
+          for (const ojson& d : tools->push(piece, done)) {
+            streaming_ok = streaming_ok && send_event(c, server::chat_chunk(id, created_s, model, d, "", lp));
+            lp = nullptr;
+          }
+        } else {
+          const ojson chunk = p.chat ? server::chat_chunk(id, created_s, model, ojson{{"content", piece}}, "", lp)
+                                     : server::completion_chunk(id, created_s, model, piece, "", lp);
+          streaming_ok = send_event(c, chunk);
+        }
       }
       if (done) break;
       if (!streaming_ok || c.peer_closed()) {
@@ -557,7 +567,7 @@ struct Server::Impl {
       send_json(c, endpoint, 200, server::completion_body(id, created_s, model, p, res, ctx.tok));
       return;
     }
-    const std::string fr = server::finish_reason_of(res);
+    const std::string fr = tools && tools->n_calls() ? "tool_calls" : server::finish_reason_of(res);
     send_event(c, p.chat ? server::chat_chunk(id, created_s, model, ojson::object(), fr)
                          : server::completion_chunk(id, created_s, model, "", fr));
     if (p.include_usage) send_event(c, server::usage_chunk(id, created_s, model, p.chat, res));
