@@ -48,6 +48,14 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
             int64_t M, int64_t N, int64_t K);
 void matmul_ref(const float* x, const void* w, WType wt, const float* bias, float* y,
                 int64_t M, int64_t N, int64_t K);
+// The kernel matmul runs for quantized weights from 16 tokens on (prefill), docs/kernels-vnni.md:
+// int8 GEMM over 8-row panels repacked per call, with vpmaddubsw (Avx2) or 256-bit vpdpbusd
+// (AvxVnni: VEX, Avx512Vnni: EVEX with AVX512VL). The best the CPU has within active_isa()
+// (Avx512Vnni needs the Avx512 level); the environment variable KVBOOST_QUANT_GEMM
+// (scalar|avx2|avxvnni|avx512vnni) caps it further. Scalar: active_isa() is Scalar.
+enum class QuantGemm : uint8_t { Scalar = 0, Avx2 = 1, AvxVnni = 2, Avx512Vnni = 3 };
+QuantGemm quant_gemm_path();
+const char* quant_gemm_name(QuantGemm);
 
 // ---- weights repacked for the matmul micro-kernels (done once, at load) ----
 // Layout: panels of 16 output features; panel p holds w[16p .. 16p + 16) as [K][16] (k-major),

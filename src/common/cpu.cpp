@@ -45,6 +45,7 @@ CpuFeatures detect() {
   unsigned a1, b1, c1, d1;
   __cpuid_count(7, 1, a1, b1, c1, d1);
   f.avx512bf16 = zmm_os && (a1 & (1u << 5));
+  f.avxvnni = ymm_os && (a1 & (1u << 4));
   return f;
 }
 

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "cpu/cpu_kernels.h"
 #include "cpu/flash_attention.h"
@@ -39,6 +41,38 @@ int wtype_size(WType t) {
        wtype_block_elems(t), " elements); use wtype_row_bytes");
 }
 
+const char* quant_gemm_name(QuantGemm q) {
+  switch (q) {
+    case QuantGemm::Scalar: return "scalar";
+    case QuantGemm::Avx2: return "avx2";
+    case QuantGemm::AvxVnni: return "avxvnni";
+    case QuantGemm::Avx512Vnni: return "avx512vnni";
+  }
+  return "?";
+}
+
+QuantGemm quant_gemm_path() {
+  const Isa isa = active_isa();
+  if (isa < Isa::Avx2) return QuantGemm::Scalar;
+  const CpuFeatures& f = cpu_features();
+  QuantGemm best = QuantGemm::Avx2;
+  if (f.avxvnni) best = QuantGemm::AvxVnni;
+  if (isa >= Isa::Avx512 && f.avx512vnni) best = QuantGemm::Avx512Vnni;
+  // KVBOOST_QUANT_GEMM caps it further (read on every call: tests and benchmarks switch it).
+  if (const char* e = std::getenv("KVBOOST_QUANT_GEMM"); e && *e) {
+    const std::string v(e);
+    QuantGemm cap = best;
+    if (v == "scalar") cap = QuantGemm::Scalar;
+    else if (v == "avx2") cap = QuantGemm::Avx2;
+    else if (v == "avxvnni") cap = QuantGemm::AvxVnni;
+    else if (v == "avx512vnni") cap = QuantGemm::Avx512Vnni;
+    else fail("KVBOOST_QUANT_GEMM='", v, "': expected scalar, avx2, avxvnni or avx512vnni");
+    if (cap < best) best = cap;
+    if (best == QuantGemm::AvxVnni && !f.avxvnni) best = QuantGemm::Avx2;  // not on this CPU
+  }
+  return best;
+}
+
 void matmul(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
             int64_t N, int64_t K) {
   if (wtype_is_quantized(wt)) {
@@ -46,7 +80,16 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
     if (M <= 0 || N <= 0) return;
     // The scalar path is the same integer algorithm (not matmul_ref), so KVBOOST_ISA=scalar
     // runs what a CPU without AVX2 runs.
-    if (active_isa() >= Isa::Avx2) return cpu::matmul_q_avx2(x, w, wt, bias, y, M, N, K);
+    if (active_isa() >= Isa::Avx2) {
+      if (M >= cpu::kQGemmMinM) {
+        switch (quant_gemm_path()) {
+          case QuantGemm::Avx512Vnni: return cpu::matmul_qgemm_avx512vnni(x, w, wt, bias, y, M, N, K);
+          case QuantGemm::AvxVnni: return cpu::matmul_qgemm_avxvnni(x, w, wt, bias, y, M, N, K);
+          default: return cpu::matmul_qgemm_avx2(x, w, wt, bias, y, M, N, K);
+        }
+      }
+      return cpu::matmul_q_avx2(x, w, wt, bias, y, M, N, K);
+    }
     return cpu::matmul_q_scalar(x, w, wt, bias, y, M, N, K);
   }
   if (active_isa() >= Isa::Avx2) return cpu::matmul_avx2(x, w, wt, bias, y, M, N, K);

@@ -310,5 +310,13 @@ void matmul_q_scalar(const float* x, const void* w, WType wt, const float* bias,
   });
 }
 
+void matmul_q_int_ref(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
+                      int64_t N, int64_t K) {
+  check_quant_args(wt, K, "matmul");
+  if (M <= 0 || N <= 0) return;
+  const QAct a = quantize_act(x, M, K, /*avx2=*/false);
+  q_rows_scalar(a, static_cast<const uint8_t*>(w), wt, bias, y, M, N, 0, N);
+}
+
 }  // namespace cpu
 }  // namespace kvboost::kernels

@@ -1,0 +1,173 @@
+// The quantized prefill GEMMs (src/kernels/cpu/matmul_qgemm_impl.h: AVX2 maddubs, AVX-VNNI,
+// AVX512-VNNI) against their scalar reference cpu::matmul_q_int_ref (the same activation
+// quantization and exact integer block dots), for every quantized weight type, on shapes with
+// tails: M around the 6- and 4-token tiles, N around the 8-row panels, K of one and several
+// blocks. Their only difference from the reference is the order of the f32 scaling and sums,
+// so the tolerance is f32 rounding: 2e-5 * sum_k |x w| (+ 1e-6).
+//   - AVX2: natively (every CPU this project runs on has it);
+//   - VNNI: emulated through SIMDe (matmul_qgemm_emu.cpp) on any AVX2 CPU, and natively
+//     (Native.*) where the CPU has AVX-VNNI / AVX512-VNNI (skipped elsewhere);
+// plus the dispatch: matmul picks these from kQGemmMinM tokens, KVBOOST_QUANT_GEMM caps them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cpu/cpu_kernels.h"
+#include "kernel_test_util.h"
+#include "kvboost/common.h"
+#include "kvboost/kernels.h"
+
+namespace kvboost::kernel_test {
+void matmul_qgemm_vnni_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y,
+                           int64_t M, int64_t N, int64_t K);
+}
+
+using namespace kvboost;
+using namespace kvboost::kernels;
+using namespace kvboost::kernel_test;
+
+namespace {
+
+const WType kTypes[] = {WType::Q8_0, WType::Q4_0, WType::Q5_0, WType::Q4_K, WType::Q5_K,
+                        WType::Q6_K, WType::Q4_Z, WType::Q4_Z128};
+
+void put_f16(uint8_t* p, float f) {
+  const uint16_t h = f32_to_f16(f);
+  std::memcpy(p, &h, 2);
+}
+
+// Random block bytes (every nibble / bit pattern, Q8_0's -128, zero points 0..15, Q6_K's
+// negative scales) with finite f16 scales.
+std::vector<uint8_t> random_blocks(WType wt, int64_t N, int64_t K, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int64_t bb = wtype_block_bytes(wt), nb = N * K / wtype_block_elems(wt);
+  std::vector<uint8_t> b(size_t(nb * bb));
+  for (auto& x : b) x = uint8_t(rng());
+  for (int64_t i = 0; i < nb; ++i) {
+    uint8_t* p = b.data() + i * bb;
+    switch (wt) {
+      case WType::Q8_0: case WType::Q4_0: case WType::Q5_0: put_f16(p, u(rng) * 0.05f); break;
+      case WType::Q4_Z: case WType::Q4_Z128: put_f16(p, std::fabs(u(rng)) * 0.05f), p[2] &= 0x0F, p[3] = 0; break;
+      case WType::Q4_K: case WType::Q5_K: put_f16(p, u(rng) * 0.002f), put_f16(p + 2, u(rng) * 0.002f); break;
+      case WType::Q6_K: put_f16(p + 208, u(rng) * 0.001f); break;
+      default: break;
+    }
+  }
+  return b;
+}
+
+// sum_k |x w| per output (the f32 rounding scale), from the dequantized weights.
+std::vector<double> magnitudes(const std::vector<float>& x, const std::vector<uint8_t>& w, WType wt, int64_t M,
+                               int64_t N, int64_t K) {
+  std::vector<float> wf(size_t(N * K));
+  const size_t rb = size_t(wtype_row_bytes(wt, K));
+  for (int64_t n = 0; n < N; ++n) to_f32(w.data() + n * rb, wt, wf.data() + n * K, K);
+  std::vector<double> mag(size_t(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += std::fabs(double(x[size_t(m * K + k)]) * wf[size_t(n * K + k)]);
+      mag[size_t(m * N + n)] = s;
+    }
+  return mag;
+}
+
+using Kernel = void (*)(const float*, const void*, WType, const float*, float*, int64_t, int64_t, int64_t);
+
+struct Shape {
+  int64_t M, N, K;  // K: elements; rounded up to the type's block below
+};
+const Shape kShapes[] = {{1, 8, 256}, {3, 5, 256}, {7, 9, 512}, {16, 16, 256}, {23, 17, 768},
+                         {25, 31, 512}, {48, 40, 256}, {70, 13, 1024}};
+
+void check_kernel(Kernel fast, const char* name) {
+  for (WType wt : kTypes)
+    for (const Shape& s : kShapes)
+      for (bool with_bias : {false, true}) {
+        const int64_t be = wtype_block_elems(wt), K = (s.K + be - 1) / be * be, M = s.M, N = s.N;
+        const uint64_t seed = uint64_t(int(wt)) * 1000 + uint64_t(M * 31 + N * 7 + K);
+        const std::vector<uint8_t> w = random_blocks(wt, N, K, seed);
+        std::vector<float> x = randv(size_t(M * K), seed + 1, 1.0f);
+        if (M > 2) std::fill(x.begin() + K, x.begin() + 2 * K, 0.0f);  // an all-zero row
+        const std::vector<float> bias = randv(size_t(N), seed + 2, 0.1f);
+        const float* b = with_bias ? bias.data() : nullptr;
+        std::vector<float> ref(size_t(M * N)), got(size_t(M * N), -1.0f);
+        cpu::matmul_q_int_ref(x.data(), w.data(), wt, b, ref.data(), M, N, K);
+        fast(x.data(), w.data(), wt, b, got.data(), M, N, K);
+        const std::vector<double> mag = magnitudes(x, w, wt, M, N, K);
+        int bad = 0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          const double tol = 2e-5 * mag[i] + 1e-6;
+          if (!(std::fabs(double(got[i]) - ref[i]) <= tol) && bad++ < 3)
+            ADD_FAILURE() << name << " " << wtype_name(wt) << " M=" << M << " N=" << N << " K=" << K
+                          << " bias=" << with_bias << " out " << i << ": got " << got[i] << " want " << ref[i]
+                          << " (tol " << tol << ")";
+        }
+      }
+}
+
+TEST(QuantGemm, Avx2MatchesIntReference) {
+  if (!(cpu_features().avx2 && cpu_features().fma && cpu_features().f16c)) GTEST_SKIP() << "no AVX2";
+  IsaGuard g;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    check_kernel(cpu::matmul_qgemm_avx2, "avx2");
+  }
+}
+
+#ifdef KVB_TEST_SIMDE
+TEST(QuantGemm, VnniEmulatedMatchesIntReference) {
+  if (!(cpu_features().avx2 && cpu_features().fma && cpu_features().f16c)) GTEST_SKIP() << "no AVX2";
+  IsaGuard g;
+  set_num_threads(2);
+  check_kernel(matmul_qgemm_vnni_emu, "vnni (SIMDe)");
+}
+#endif
+
+TEST(Native, AvxVnniMatchesIntReference) {
+  if (!(cpu_features().avxvnni && cpu_features().avx2)) GTEST_SKIP() << "CPU has no AVX-VNNI";
+  check_kernel(cpu::matmul_qgemm_avxvnni, "avxvnni");
+}
+
+TEST(Native, Avx512VnniMatchesIntReference) {
+  const CpuFeatures& f = cpu_features();
+  if (!(f.avx512vnni && f.avx512vl && f.avx512bw && f.avx512f)) GTEST_SKIP() << "CPU has no AVX512-VNNI";
+  check_kernel(cpu::matmul_qgemm_avx512vnni, "avx512vnni");
+}
+
+// Through kernels::matmul: from kQGemmMinM tokens the GEMM (within the reference's f32
+// rounding); below, the decode/small-batch tiles (the same integer dots); KVBOOST_QUANT_GEMM.
+TEST(QuantGemm, DispatchAndEnvCap) {
+  IsaGuard g;
+  set_active_isa(Isa::Avx512);
+  if (active_isa() < Isa::Avx2) GTEST_SKIP() << "no AVX2";
+  const QuantGemm best = quant_gemm_path();
+  EXPECT_GE(int(best), int(QuantGemm::Avx2));
+  ::setenv("KVBOOST_QUANT_GEMM", "avx2", 1);
+  EXPECT_EQ(quant_gemm_path(), QuantGemm::Avx2);
+  ::setenv("KVBOOST_QUANT_GEMM", "bogus", 1);
+  EXPECT_THROW(quant_gemm_path(), Error);
+  ::unsetenv("KVBOOST_QUANT_GEMM");
+  EXPECT_EQ(quant_gemm_path(), best);
+  set_active_isa(Isa::Scalar);
+  EXPECT_EQ(quant_gemm_path(), QuantGemm::Scalar);
+  set_active_isa(Isa::Avx2);
+  for (WType wt : {WType::Q4_0, WType::Q6_K})
+    for (int64_t M : {cpu::kQGemmMinM - 1, cpu::kQGemmMinM, int64_t(100)}) {
+      const int64_t N = 20, K = 512;
+      const std::vector<uint8_t> w = random_blocks(wt, N, K, 7);
+      const std::vector<float> x = randv(size_t(M * K), 8);
+      std::vector<float> ref(size_t(M * N)), got(size_t(M * N));
+      cpu::matmul_q_int_ref(x.data(), w.data(), wt, nullptr, ref.data(), M, N, K);
+      matmul(x.data(), w.data(), wt, nullptr, got.data(), M, N, K);
+      const std::vector<double> mag = magnitudes(x, w, wt, M, N, K);
+      for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-5 * mag[i] + 1e-6) << wtype_name(wt) << " M=" << M << " " << i;
+    }
+}
+
+}  // namespace
