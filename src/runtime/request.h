@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "kvboost/runtime.h"
+#include "speculative.h"
 
 namespace kvboost {
 
@@ -67,6 +68,7 @@ struct Request::State {
   std::vector<kv::ChunkSpan> chunks;
   std::vector<kv::ChunkKeys> chunk_keys;
   std::vector<ChunkSrc> chunk_src;
+  SpecState spec;                  // speculative decoding (speculative.cpp)
   size_t forced_next = 0;          // next token of opt.forced_output
   double t_submit = 0, t_admit = 0, t_first = 0;
 };
