@@ -409,6 +409,11 @@ class Engine {
   int64_t spec_plan(Request::State& r, int64_t n_decoding);  // drafts; returns their count
   bool spec_accept(Request::State& r);  // after the pass; false: no drafts (a plain decode)
   void spec_release(Request::State& r);
+  // The cost of a drafted row relative to the whole pass, measured: decode-only passes without
+  // drafts (by batch size) against those with drafts (speculative.cpp).
+  void spec_observe(const StepStats& ss);
+  std::array<double, 65> spec_plain_ms_{};
+  double spec_row_cost_ = 0.1;
   // reuse.cpp: chunk lookups at admission, and storing computed chunks after the prefill.
   void plan_reuse(Request::State& r, int64_t n_cached);
   void store_chunks(Request::State& r);

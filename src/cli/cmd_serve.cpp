@@ -27,6 +27,7 @@ struct ServeArgs {
   std::string weight_budget = "0";
   std::string head_quant = "auto";
   ChunkArgs chunks;
+  SpecArgs spec;
   bool quiet = false, log_requests = false;
 };
 
@@ -66,6 +67,7 @@ void run_serve(const ServeArgs& a) {
   eopt.load.weight_budget = parse_weight_budget(a.weight_budget);
   eopt.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   a.chunks.apply(eopt);
+  a.spec.apply(eopt);
   auto engine = load_engine(dir, a.quiet, eopt);
 
   ServerOptions so;
@@ -135,6 +137,7 @@ void add_serve(CLI::App& app) {
   c->add_option("--weight-budget", a->weight_budget, kWeightBudgetHelp);
   c->add_option("--head-quant", a->head_quant, kHeadQuantHelp)->capture_default_str();
   a->chunks.add(c);
+  a->spec.add(c);
   c->add_flag("--log-requests", a->log_requests, "One line per request on stderr");
   c->add_flag("-q,--quiet", a->quiet, "No startup or shutdown messages");
   c->callback([a]() { run_serve(*a); });

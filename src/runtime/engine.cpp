@@ -448,6 +448,7 @@ StepStats Engine::step() {
       const double t0 = now_ms();
       model_->forward_batch(batch.data(), int64_t(batch.size()));
       ss.forward_ms += now_ms() - t0;
+      if (blends.empty()) spec_observe(ss);
     }
   } catch (const std::exception& e) {
     for (auto* r : owners) fail_request(*r, e.what());

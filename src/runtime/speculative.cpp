@@ -257,7 +257,7 @@ int64_t Engine::spec_plan(Request::State& r, int64_t n_decoding) {
   // Drafts never run past max_new_tokens or the context: k drafts emit up to k + 1 tokens.
   const int64_t left = std::min<int64_t>(int64_t(r.opt.max_new_tokens) - int64_t(r.res.output_ids.size()) - 1,
                                          context_length() - int64_t(r.history.size()));
-  const double row_cost = 0.08 + (sp.mode == SpecMode::kDraft ? draft_model_cost(*draft_) : 0.0);
+  const double row_cost = spec_row_cost_ + (sp.mode == SpecMode::kDraft ? draft_model_cost(*draft_) : 0.0);
   int k = sp.adaptive ? adaptive_draft_length(sp.rate(), sp.k_max, row_cost) : sp.k_max;
   k = int(std::min<int64_t>(k, left));
   if (k <= 0) {
@@ -332,6 +332,18 @@ bool Engine::spec_accept(Request::State& r) {
   sp.rows.clear();
   sp.q.clear();
   return true;
+}
+
+void Engine::spec_observe(const StepStats& ss) {
+  if (ss.n_prefill_tokens > 0 || ss.n_decode == 0) return;
+  const size_t n = size_t(std::min<int64_t>(ss.n_decode, int64_t(spec_plain_ms_.size()) - 1));
+  double& plain = spec_plain_ms_[n];
+  if (ss.n_drafted == 0) {
+    plain = plain > 0 ? 0.8 * plain + 0.2 * ss.forward_ms : ss.forward_ms;
+  } else if (plain > 0) {
+    const double r = std::clamp((ss.forward_ms / plain - 1.0) / double(ss.n_drafted), 0.005, 2.0);
+    spec_row_cost_ = 0.8 * spec_row_cost_ + 0.2 * r;
+  }
 }
 
 void Engine::spec_release(Request::State& r) {
