@@ -290,6 +290,10 @@ class KvCacheManager {
   // Drops the sequence. Blocks reach the free list's tail last block first, so among a prefix the
   // deepest blocks are evicted first and the shared beginning survives longest (as vLLM).
   void free(SeqId seq);
+  // Speculative decoding's rollback: keeps only the first n_tokens slots of seq (slots reserved
+  // for rejected draft tokens are given back; blocks left empty return to the pool). Committed
+  // (prefix-cache) blocks are never cut: n_tokens below them is an Error.
+  void truncate(SeqId seq, int64_t n_tokens);
 
   // Makes blocks [first, first + n) of seq's table resident, reading all cold ones in one batch
   // and spilling LRU blocks of other ranges/sequences as needed. Returns the number paged in, or

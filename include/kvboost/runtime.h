@@ -59,12 +59,21 @@ class Sampler {
   // logits: [vocab], modified in place. history: ids the repetition penalty applies to (prompt
   // and output); history[n_prompt..] are the generated ids the presence/frequency penalties count.
   int32_t sample(float* logits, int64_t vocab, const std::vector<int32_t>& history, size_t n_prompt = 0);
+  // The distribution sample() draws from, as (id, probability) pairs summing to 1, most likely
+  // first (greedy: the argmax with probability 1); logits modified in place as by sample().
+  // Speculative decoding's acceptance rule compares these (src/runtime/speculative.cpp).
+  void distribution(float* logits, int64_t vocab, const std::vector<int32_t>& history, size_t n_prompt,
+                    std::vector<std::pair<int32_t, double>>* out);
+  double uniform();  // a draw from [0, 1) of this sampler's RNG
   const SamplerConfig& config() const { return cfg_; }
 
  private:
+  void apply_penalties(float* logits, int64_t vocab, const std::vector<int32_t>& history, size_t n_prompt);
+  size_t truncate_candidates(const float* logits, int64_t vocab);
   SamplerConfig cfg_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;
+  std::vector<double> p_;
   std::vector<std::pair<int32_t, int32_t>> counts_;  // (id, count) scratch for the penalties
 };
 
@@ -138,8 +147,29 @@ struct TokenLogprob {
 // id first). Sums in double; one pass over the row plus a heap of top_n.
 TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t id, int top_n);
 
+// Speculative decoding (docs/speculative.md): tokens are drafted cheaply and verified k at a
+// time in one forward pass of the model (k + 1 rows of the request in the decode batch).
+// Greedy output is the same token for token as without it; sampled output keeps its
+// distribution (the rejection rule of Leviathan et al. 2023 / Chen et al. 2023).
+enum class SpecMode : uint8_t {
+  kOff,
+  kLookup,  // prompt lookup: the tokens that followed the latest earlier occurrence of the last
+            // n-gram of prompt + output (a point-mass draft distribution)
+  kDraft,   // a smaller model sharing the tokenizer (SpecOptions::draft_model), its own paged KV
+};
+const char* spec_mode_name(SpecMode m);
+SpecMode parse_spec_mode(std::string_view s);  // off | lookup | draft; Error naming the value
+
+// Per request (GenerateOptions::speculative); unset fields take EngineOptions::spec's.
+struct SpecRequest {
+  std::optional<SpecMode> mode;
+  std::optional<int> draft_tokens;
+  std::optional<int> ngram;
+};
+
 struct GenerateOptions {
   int max_new_tokens = 256;
+  SpecRequest speculative;             // speculative decoding overrides (EngineOptions::spec)
   SamplingParams sampling;
   std::vector<std::string> stop;       // stop strings; never part of the returned text
   bool add_special = true;             // BOS/EOS per the tokenizer's post-processor
@@ -188,6 +218,13 @@ struct GenerateResult {
   float guard_lead = 0;                // the threshold the guard compared it with (adaptive)
   bool approximate = false;            // the prompt's K/V were partly approximate: the guard
                                        // looked at it (first_lead, guard_lead are set)
+  // Speculative decoding: tokens drafted and accepted, and the decode passes (verification
+  // passes included) that produced the tokens after the first.
+  int64_t spec_drafted = 0, spec_accepted = 0, decode_passes = 0;
+  double acceptance_rate() const { return spec_drafted ? double(spec_accepted) / double(spec_drafted) : 0; }
+  double tokens_per_pass() const {
+    return decode_passes ? double(output_ids.size() > 0 ? output_ids.size() - 1 : 0) / double(decode_passes) : 0;
+  }
   double ttft_ms = 0;                  // prompt in -> first token sampled
   double prefill_ms = 0;
   double decode_ms = 0;                // after the first token
@@ -204,8 +241,20 @@ struct GenerateResult {
   }
 };
 
+struct SpecOptions {
+  SpecMode mode = SpecMode::kLookup;
+  std::string draft_model;     // kDraft: the draft model's directory (loaded with the engine)
+  int draft_tokens = 8;        // most tokens drafted per step (the adaptive length's ceiling)
+  int lookup_ngram = 3;        // kLookup: longest n-gram matched (shorter ones down to 1 after)
+  bool adaptive = true;        // draft length from the running acceptance rate
+  // Continuous batching: no speculation in a step with more decoding requests than this (a
+  // batch that large is no longer bandwidth-bound; docs/speculative.md has the measurement).
+  int64_t max_batch = 4;
+};
+
 struct EngineOptions {
   LoadOptions load;
+  SpecOptions spec;
   // Paged KV memory: blocks of block_size tokens, as many as fit in kv_budget_bytes (K and V,
   // all layers, f32). 0 = enough for the model's whole context, capped at 2 GiB. Memory is
   // reserved, not committed: untouched blocks cost nothing.
@@ -230,6 +279,7 @@ struct EngineOptions {
 };
 
 class Engine;
+struct SpecDraftModel;  // speculative.cpp
 
 // The adaptive guard's threshold (ReusePolicy::guard_risk): the lead L that the error of a new
 // prompt exceeds with probability `risk` (its first token can change only if the error of its
@@ -276,6 +326,7 @@ class Request {
 struct StepStats {
   int64_t n_running = 0, n_waiting = 0;   // after the step
   int64_t n_decode = 0, n_prefill_tokens = 0;  // work done in the step
+  int64_t n_drafted = 0;                  // draft tokens verified in the step (speculation)
   double forward_ms = 0;                  // of which in the model's forward passes (wall clock)
 };
 
@@ -314,6 +365,12 @@ class Engine {
 
   kv::KvStats kv_stats() const;
   int64_t kv_block_size() const { return block_size_; }
+  // Speculative decoding totals since load (for metrics).
+  struct SpecStats {
+    int64_t drafted = 0, accepted = 0, passes = 0, tokens = 0;  // passes: verification passes
+  };
+  SpecStats spec_stats() const;
+  bool has_draft_model() const { return draft_ != nullptr; }
   // The chunk store (nullptr when disabled).
   kv::ChunkStore* chunk_store() const { return chunks_.get(); }
 
@@ -342,7 +399,7 @@ class Engine {
   void release(Request::State& r);
   void finish(Request::State& r, const char* reason);
   void preempt(Request::State& r);
-  void after_logits(Request::State& r, float* logits);
+  void after_logits(Request::State& r, float* logits, int32_t chosen = -1);
   KvView view_of(Request::State& r, int64_t n_past);
   std::unique_ptr<Model> model_;
   Tokenizer tok_;
@@ -356,6 +413,18 @@ class Engine {
   std::vector<std::shared_ptr<Request>> waiting_, running_;
   std::unique_ptr<kv::ChunkStore> chunks_;
   std::string model_id_;
+  // speculative.cpp: drafting before the pass, acceptance after it (docs/speculative.md).
+  std::unique_ptr<SpecDraftModel> draft_;
+  SpecStats spec_totals_;
+  void spec_setup(Request::State& r);                         // at submit: resolves, validates
+  int64_t spec_plan(Request::State& r, int64_t n_decoding);  // drafts; returns their count
+  bool spec_accept(Request::State& r);  // after the pass; false: no drafts (a plain decode)
+  void spec_release(Request::State& r);
+  // The cost of a drafted row relative to the whole pass, measured: decode-only passes without
+  // drafts (by batch size) against those with drafts (speculative.cpp).
+  void spec_observe(const StepStats& ss);
+  std::array<double, 65> spec_plain_ms_{};
+  double spec_row_cost_ = 0.1;
   // reuse.cpp: chunk lookups at admission, and storing computed chunks after the prefill.
   void plan_reuse(Request::State& r, int64_t n_cached);
   void store_chunks(Request::State& r);

@@ -190,4 +190,32 @@ void add_repair_options(CLI::App* c, ReusePolicy& p) {
       ->capture_default_str();
 }
 
+void SpecArgs::add(CLI::App* c) {
+  c->add_option("--spec", mode, "Speculative decoding: lookup (prompt lookup, the default), draft (--draft-model), off");
+  c->add_option("--draft-model", draft_model, "Draft model directory for --spec draft (shares the tokenizer; implies --spec draft)");
+  c->add_option("--draft-tokens", draft_tokens, "Most tokens drafted per step (the adaptive length's ceiling; 0 = off)")
+      ->capture_default_str();
+  c->add_option("--lookup-ngram", ngram, "Prompt lookup: longest n-gram matched against prompt + output")->capture_default_str();
+  c->add_option("--spec-max-batch", max_batch, "No speculation in steps with more decoding requests than this")
+      ->capture_default_str();
+  c->add_flag("--no-spec-adaptive", no_adaptive, "Always draft --draft-tokens (no adaptive length)");
+}
+
+void SpecArgs::apply(EngineOptions& eo) const {
+  eo.spec.draft_model = draft_model;
+  eo.spec.mode = !mode.empty() ? parse_spec_mode(mode) : draft_model.empty() ? SpecMode::kLookup : SpecMode::kDraft;
+  eo.spec.draft_tokens = draft_tokens;
+  eo.spec.lookup_ngram = ngram;
+  eo.spec.max_batch = max_batch;
+  eo.spec.adaptive = !no_adaptive;
+}
+
+std::string spec_summary(const GenerateResult& r) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "speculation: %lld drafted, %lld accepted (acceptance %.1f%%), %.2f tokens per decode pass (%lld passes)",
+                (long long)r.spec_drafted, (long long)r.spec_accepted, 100.0 * r.acceptance_rate(), r.tokens_per_pass(),
+                (long long)r.decode_passes);
+  return buf;
+}
+
 }  // namespace kvboost::cli

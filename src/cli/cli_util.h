@@ -52,6 +52,18 @@ struct ChunkArgs {
   void add(CLI::App* c);
   void apply(EngineOptions& eo) const;
 };
+// Speculative decoding options (--spec, --draft-model, --draft-tokens, --lookup-ngram,
+// --spec-max-batch, --no-spec-adaptive); docs/speculative.md.
+struct SpecArgs {
+  std::string mode, draft_model;  // mode "": lookup, or draft when --draft-model is given
+  int draft_tokens = 8, ngram = 3;
+  int64_t max_batch = SpecOptions{}.max_batch;
+  bool no_adaptive = false;
+  void add(CLI::App* c);
+  void apply(EngineOptions& eo) const;
+};
+// One line of a result's speculation statistics (drafted, accepted, rate, tokens per pass).
+std::string spec_summary(const GenerateResult& r);
 void add_serve(CLI::App& app);
 void add_chat(CLI::App& app);  // kvboost chat (cmd_chat.cpp)
 

@@ -24,6 +24,8 @@ struct BatchArgs {
   std::string batches = "1,2,4,8";
   int new_tokens = 32, runs = 3, prompt_words = 12;
   bool no_pack = false;
+  std::string weight_budget = "0";
+  SpecArgs spec;
 };
 
 struct Sample {
@@ -51,14 +53,20 @@ Sample run_once(Engine& e, int B, const BatchArgs& a, int run) {
   }
   double decode_ms = 0, fwd_ms = 0;
   int64_t decode_tokens = 0, decode_steps = 0;
+  auto emitted = [&] {  // tokens so far (a speculating step emits more than one per request)
+    int64_t n = 0;
+    for (auto& r : reqs) n += int64_t(r->result().output_ids.size());
+    return n;
+  };
   while (e.has_work()) {
+    const int64_t before = emitted();
     const double t0 = now_ms();
     const StepStats s = e.step();
     const double dt = now_ms() - t0;
     if (s.n_prefill_tokens == 0 && s.n_decode == B) {
       decode_ms += dt;
       fwd_ms += s.forward_ms;
-      decode_tokens += s.n_decode;
+      decode_tokens += emitted() - before;
       ++decode_steps;
     }
   }
@@ -79,6 +87,8 @@ void run_batch(const BatchArgs& a) {
   EngineOptions eo;
   eo.max_batch = *std::max_element(bs.begin(), bs.end());
   eo.load.pack_weights = !a.no_pack;
+  eo.load.weight_budget = parse_weight_budget(a.weight_budget);
+  a.spec.apply(eo);
   auto e = load_engine(resolve_model_dir(a.model, false), true, eo);
   std::printf("model %s, %d new tokens per request, greedy, decode steps only, medians of %d runs, %d threads, weights %s\n\n",
               e->model().dir().c_str(), a.new_tokens, a.runs, num_threads(),
@@ -114,6 +124,8 @@ void add_bench_batch(CLI::App* bench) {
   c->add_option("--runs", a->runs, "Runs per batch size (median)")->capture_default_str();
   c->add_option("--prompt-words", a->prompt_words, "Words per prompt")->capture_default_str();
   c->add_flag("--no-pack", a->no_pack, "Keep the matrices in the stored layout (LoadOptions::pack_weights off)");
+  c->add_option("--weight-budget", a->weight_budget, kWeightBudgetHelp);
+  a->spec.add(c);
   c->callback([a] { run_batch(*a); });
 }
 

@@ -26,6 +26,7 @@ struct GenerateArgs {
   int repeat = 1;
   std::vector<std::string> segments;
   ChunkArgs chunks;
+  SpecArgs spec;
   std::string reuse = "prefix";
   ReusePolicy repair;  // repair parameters (the mode comes from --reuse)
   int64_t ctx_size = 0;  // -c/--ctx-size: KV memory for this many tokens (0: the model's context)
@@ -59,6 +60,7 @@ void run_generate(GenerateArgs a) {
   eopt.load.weight_budget = parse_weight_budget(a.weight_budget);
   eopt.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   a.chunks.apply(eopt);
+  a.spec.apply(eopt);
   auto engine = load_engine(dir, a.quiet, eopt);
 
   GenerateOptions opt;
@@ -119,6 +121,7 @@ void run_generate(GenerateArgs a) {
                    100.0 * r.reuse_ratio(),
                    r.guarded ? " (guard: the first token was a close call, recomputed exactly)" : "");
     }
+    if (a.stats) std::fprintf(stderr, "%s\n", spec_summary(r).c_str());
   }
   if (a.stats) std::fprintf(stderr, "kv cache: %s\n", engine->kv_stats().to_string().c_str());
   if (auto* cs = engine->chunk_store()) {
@@ -166,6 +169,7 @@ void add_generate(CLI::App& app) {
   c->add_option("--reuse", a->reuse, "Chunk reuse: prefix | none | selective | cacheblend")->capture_default_str();
   add_repair_options(c, a->repair);
   a->chunks.add(c);
+  a->spec.add(c);
   c->add_flag("--stats", a->stats, "Print KV cache statistics (blocks used, cached, hit rate) at the end");
   c->callback([a]() { run_generate(*a); });
 }

@@ -28,6 +28,7 @@ struct ServeArgs {
   std::string weight_budget = "0";
   std::string head_quant = "auto";
   ChunkArgs chunks;
+  SpecArgs spec;
   bool quiet = false, log_requests = false;
   int64_t ctx_size = 0;
   std::string chat_template;
@@ -78,6 +79,7 @@ void run_serve(const ServeArgs& a) {
   a.chunks.apply(eopt);
   eopt.chunk_store.max_pinned_per_owner =
       a.max_pinned_per_tenant == "0" ? 0 : parse_bytes(a.max_pinned_per_tenant, "--max-pinned-per-tenant");
+  a.spec.apply(eopt);
   auto engine = load_engine(dir, a.quiet, eopt);
   // --chat-template, or the GGUF's own template when no tokenizer_config.json lies beside it.
   const std::string chat_cfg = chat_config_for(dir, a.chat_template, /*require=*/false);
@@ -168,6 +170,7 @@ void add_serve(CLI::App& app) {
   c->add_option("--weight-budget", a->weight_budget, kWeightBudgetHelp);
   c->add_option("--head-quant", a->head_quant, kHeadQuantHelp)->capture_default_str();
   a->chunks.add(c);
+  a->spec.add(c);
   c->add_flag("--log-requests", a->log_requests, "One line per request on stderr");
   c->add_option("--max-connections", a->max_connections,
                 "Open connections in all (at the cap the oldest idle one is closed for a new one)")

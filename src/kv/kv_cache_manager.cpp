@@ -296,6 +296,27 @@ void KvCacheManager::free(SeqId seq) {
   seqs_.erase(seq);
 }
 
+void KvCacheManager::truncate(SeqId seq, int64_t n_tokens) {
+  Seq& s = get(seq, "truncate");
+  const int64_t bs = pool_.block_size();
+  if (n_tokens < 0 || n_tokens > s.n_tokens)
+    fail("truncate: ", n_tokens, " tokens for sequence ", seq, " holding ", s.n_tokens);
+  if (n_tokens < s.n_committed * bs)
+    fail("truncate: ", n_tokens, " tokens would cut into sequence ", seq, "'s ", s.n_committed, " committed blocks");
+  const size_t keep = size_t((n_tokens + bs - 1) / bs);
+  while (s.blocks.size() > keep) {
+    if (s.blocks.back() == kColdBlock) {
+      cold_->release_slot(s.cold.back());
+      --n_cold_;
+    } else {
+      pool_.unref(s.blocks.back());
+    }
+    s.blocks.pop_back();
+    s.cold.pop_back();
+  }
+  s.n_tokens = n_tokens;
+}
+
 bool KvCacheManager::spill(int64_t n, SeqId pin_seq, int64_t pin_first, int64_t pin_end) {
   if (n <= 0) return true;
   if (!cold_) return false;

@@ -79,7 +79,10 @@ std::unique_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions
   if (tok.vocab_size() > model->config().vocab_size)
     fail(dir, ": tokenizer.json has ", tok.vocab_size(), " tokens but config.json vocab_size is ",
          model->config().vocab_size);
-  return std::unique_ptr<Engine>(new Engine(std::move(model), std::move(tok), opt));
+  std::unique_ptr<Engine> e(new Engine(std::move(model), std::move(tok), opt));
+  if (!opt.spec.draft_model.empty()) e->draft_ = load_draft_model(opt.spec.draft_model, *e->model_, e->tok_, opt);
+  else if (opt.spec.mode == SpecMode::kDraft) fail("speculative mode \"draft\" needs a draft model (--draft-model DIR)");
+  return e;
 }
 
 int64_t Engine::context_length() const { return model_->config().max_position_embeddings; }
@@ -134,6 +137,7 @@ std::shared_ptr<Request> Engine::submit(std::vector<int32_t> ids, GenerateOption
   r.history = r.prompt;
   r.context = r.prompt;
   r.logits.resize(size_t(cfg.vocab_size));
+  spec_setup(r);  // speculative decoding: may enlarge logits to [1 + k, vocab]
   // Without prefix caching no block is ever registered under this namespace, so nothing is hit.
   r.ns = r.opt.prefix_cache ? "u:" + r.opt.cache_namespace : std::string("\x01uncached");
   r.t_submit = now_ms();
@@ -168,6 +172,7 @@ bool Engine::admit(Request::State& r) {
 }
 
 void Engine::release(Request::State& r) {
+  spec_release(r);
   if (r.seq && kv_->has_seq(r.seq)) kv_->free(r.seq);
   r.seq = 0;
 }
@@ -219,7 +224,8 @@ KvView Engine::view_of(Request::State& r, int64_t n_past) {
 
 // The request's logits are ready (end of its prefill, or a decode token): sample, stream, and
 // decide whether it goes on.
-void Engine::after_logits(Request::State& r, float* logits) {
+// chosen >= 0: the token speculative verification picked from these logits (spec_accept).
+void Engine::after_logits(Request::State& r, float* logits, int32_t chosen) {
   const ModelConfig& cfg = model_->config();
   const int64_t n_kv = int64_t(r.history.size());  // tokens whose K/V are now stored
   if (r.opt.prefix_cache && r.opt.reuse.store) {
@@ -229,8 +235,9 @@ void Engine::after_logits(Request::State& r, float* logits) {
   if (r.opt.on_logits) r.opt.on_logits(logits, cfg.vocab_size);
   // The sampler's penalties change logits in place; log-probabilities are of the raw ones.
   if (r.opt.logprobs >= 0) r.raw_logits.assign(logits, logits + cfg.vocab_size);
-  const bool forced = r.forced_next < r.opt.forced_output.size();
-  if (r.matcher && !forced && r.matcher->apply(logits, cfg.vocab_size, r.eos) == 0) {
+  const bool forced = chosen < 0 && r.forced_next < r.opt.forced_output.size();
+  // (Speculation is off for requests with a grammar: spec_plan drafts nothing for them.)
+  if (r.matcher && chosen < 0 && !forced && r.matcher->apply(logits, cfg.vocab_size, r.eos) == 0) {
     {  // cannot happen with a vocabulary that has every byte; never sample outside the grammar
       std::lock_guard<std::mutex> lock(r.mu);
       r.res.error = "grammar: no token of the vocabulary continues the output";
@@ -238,8 +245,9 @@ void Engine::after_logits(Request::State& r, float* logits) {
     finish(r, "error");
     return;
   }
-  const int32_t tok = forced ? r.opt.forced_output[r.forced_next++]
-                             : r.sampler.sample(logits, cfg.vocab_size, r.history, r.prompt.size());
+  const int32_t tok = chosen >= 0 ? chosen
+                      : forced    ? r.opt.forced_output[r.forced_next++]
+                                  : r.sampler.sample(logits, cfg.vocab_size, r.history, r.prompt.size());
   if (r.matcher) r.matcher->accept(tok, r.eos);
   if (r.opt.logprobs >= 0) {
     TokenLogprob lp = token_logprob(r.raw_logits.data(), cfg.vocab_size, tok, r.opt.logprobs);
@@ -390,6 +398,13 @@ StepStats Engine::step() {
     }
   }
   std::erase_if(running_, [&](const auto& q) { return st(q).phase == Phase::kDone || st(q).phase == Phase::kWaiting; });
+  // 3b. Speculative decoding (speculative.cpp): drafts for decoding requests, their slots reserved.
+  {
+    int64_t n_decoding = 0;
+    for (auto& q : running_) n_decoding += st(q).phase == Phase::kDecode;
+    for (auto& q : running_)
+      if (st(q).phase == Phase::kDecode) ss.n_drafted += spec_plan(st(q), n_decoding);
+  }
 
   // 4. One forward pass: decode tokens, then prompt chunks within the prefill budget.
   std::vector<SeqBatch> batch;
@@ -404,6 +419,10 @@ StepStats Engine::step() {
       b.n = 1;
       b.kv = view_of(r, int64_t(r.history.size()) - 1);
       b.logits = r.logits.data();
+      if (r.spec.rows.size() > 1) {  // speculation: history.back() and the drafts, all verified
+        b.tokens = r.spec.rows.data();
+        b.n = b.n_logits = int64_t(r.spec.rows.size());
+      }
       ++ss.n_decode;
     } else if (r.phase == Phase::kPrefill) {
       if (r.blend) {
@@ -443,6 +462,7 @@ StepStats Engine::step() {
       const double t0 = now_ms();
       model_->forward_batch(batch.data(), int64_t(batch.size()));
       ss.forward_ms += now_ms() - t0;
+      if (blends.empty()) spec_observe(ss);
     }
   } catch (const std::exception& e) {
     for (auto* r : owners) fail_request(*r, e.what());
@@ -455,6 +475,8 @@ StepStats Engine::step() {
       if (r.todo_next < r.todo.size() || guard_trips(r)) continue;
       r.history = r.context;  // (a resumed request's context is its history)
       if (r.res.output_ids.empty()) store_chunks(r);
+    } else if (spec_accept(r)) {  // speculation: the drafts verified (decode)
+      continue;
     }
     after_logits(r, r.logits.data());
   }

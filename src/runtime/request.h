@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "kvboost/runtime.h"
+#include "speculative.h"
 
 namespace kvboost {
 
@@ -70,6 +71,7 @@ struct Request::State {
   std::vector<kv::ChunkSpan> chunks;
   std::vector<kv::ChunkKeys> chunk_keys;
   std::vector<ChunkSrc> chunk_src;
+  SpecState spec;                  // speculative decoding (speculative.cpp)
   size_t forced_next = 0;          // next token of opt.forced_output
   double t_submit = 0, t_admit = 0, t_first = 0;
 };

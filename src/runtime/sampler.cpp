@@ -75,7 +75,7 @@ TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t id, int t
 
 Sampler::Sampler(const SamplerConfig& cfg) : cfg_(cfg), rng_(cfg.seed) { validate_sampling(cfg); }
 
-int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>& history, size_t n_prompt) {
+void Sampler::apply_penalties(float* logits, int64_t vocab, const std::vector<int32_t>& history, size_t n_prompt) {
   if (cfg_.repetition_penalty != 1.0f) {
     // HF RepetitionPenaltyLogitsProcessor: each distinct seen id once; divide positive
     // logits, multiply negative ones.
@@ -100,8 +100,11 @@ int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>
       i = j;
     }
   }
-  if (cfg_.temperature == 0.0f) return int32_t(kernels::argmax(logits, vocab));
+}
 
+// Temperature, top-k, top-p, min-p over penalized logits: cand_[0 .. keep) with their
+// (unnormalized within the kept set) probabilities in p_; returns keep. temperature > 0.
+size_t Sampler::truncate_candidates(const float* logits, int64_t vocab) {
   cand_.clear();
   cand_.reserve(size_t(vocab));
   // -inf logits (a grammar's mask) are no candidates at all.
@@ -123,7 +126,8 @@ int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>
   cand_.resize(n);
   // probabilities over the kept candidates
   const float mx = cand_[0].first;
-  std::vector<double> p(n);
+  std::vector<double>& p = p_;
+  p.assign(n, 0.0);
   double sum = 0;
   for (size_t i = 0; i < n; ++i) sum += (p[i] = std::exp(double(cand_[i].first - mx)));
   for (auto& v : p) v /= sum;
@@ -145,6 +149,14 @@ int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>
     while (k < keep && p[k] >= thr) ++k;
     keep = k;
   }
+  return keep;
+}
+
+int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>& history, size_t n_prompt) {
+  apply_penalties(logits, vocab, history, n_prompt);
+  if (cfg_.temperature == 0.0f) return int32_t(kernels::argmax(logits, vocab));
+  const size_t keep = truncate_candidates(logits, vocab);
+  const std::vector<double>& p = p_;
   double total = 0;
   for (size_t i = 0; i < keep; ++i) total += p[i];
   const double u = double(rng_() >> 11) * (1.0 / 9007199254740992.0) * total;
@@ -155,5 +167,21 @@ int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>
   }
   return cand_[keep - 1].second;
 }
+
+void Sampler::distribution(float* logits, int64_t vocab, const std::vector<int32_t>& history, size_t n_prompt,
+                           std::vector<std::pair<int32_t, double>>* out) {
+  out->clear();
+  apply_penalties(logits, vocab, history, n_prompt);
+  if (cfg_.temperature == 0.0f) {
+    out->emplace_back(int32_t(kernels::argmax(logits, vocab)), 1.0);
+    return;
+  }
+  const size_t keep = truncate_candidates(logits, vocab);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) total += p_[i];
+  for (size_t i = 0; i < keep; ++i) out->emplace_back(cand_[i].second, p_[i] / total);
+}
+
+double Sampler::uniform() { return double(rng_() >> 11) * (1.0 / 9007199254740992.0); }
 
 }  // namespace kvboost

@@ -205,6 +205,18 @@ void parse_common(const ojson& body, const ApiContext& ctx, ParsedRequest& p) {
       bad(std::string("'reuse': ") + e.what(), "reuse", "invalid_value");
     }
   }
+  if (const ojson* sp = field(body, "speculative")) {  // {"mode": off|lookup|draft, "draft_tokens", "ngram"}
+    if (!sp->is_object()) bad("'speculative' must be an object", "speculative", "invalid_type");
+    if (auto m = get_string(*sp, "mode")) {
+      try {
+        p.opt.speculative.mode = parse_spec_mode(*m);
+      } catch (const Error& e) {
+        bad(std::string("'speculative.mode': ") + e.what(), "speculative", "invalid_value");
+      }
+    }
+    if (auto n = get_int(*sp, "draft_tokens", 0, 32)) p.opt.speculative.draft_tokens = int(*n);
+    if (auto n = get_int(*sp, "ngram", 1, 16)) p.opt.speculative.ngram = int(*n);
+  }
   // Features this server does not implement: a clear 400 rather than a silently different answer.
   if (const ojson* v = field(body, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
     bad("'suffix' is not supported", "suffix", "unsupported_parameter");
@@ -510,6 +522,12 @@ ojson kvboost_json(const GenerateResult& r) {
     k["guard_lead"] = r.guard_lead;
   }
   k["preempted"] = r.n_preempted;
+  ojson sp;  // speculative decoding
+  sp["drafted"] = r.spec_drafted;
+  sp["accepted"] = r.spec_accepted;
+  sp["acceptance_rate"] = r.acceptance_rate();
+  sp["tokens_per_pass"] = r.tokens_per_pass();
+  k["speculative"] = sp;
   k["queue_ms"] = r.queue_ms;
   k["ttft_ms"] = r.ttft_ms;
   k["prefill_ms"] = r.prefill_ms;

@@ -672,6 +672,7 @@ struct Server::Impl {
 
   std::string metrics_text() {
     const kv::KvStats kv = engine.kv_stats();
+    const Engine::SpecStats spec = engine.spec_stats();
     std::ostringstream o;
     auto metric = [&](const char* name, const char* type, const char* help) {
       o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
@@ -712,6 +713,14 @@ struct Server::Impl {
     metric("kvboost_request_duration_seconds", "summary", "Submit-to-finish time of finished requests.");
     o << "kvboost_request_duration_seconds_sum " << e2e_sum_s << "\nkvboost_request_duration_seconds_count " << n_finished
       << '\n';
+    metric("kvboost_spec_draft_tokens_total", "counter", "Speculative decoding: tokens drafted and verified.");
+    o << "kvboost_spec_draft_tokens_total " << spec.drafted << '\n';
+    metric("kvboost_spec_accepted_tokens_total", "counter", "Speculative decoding: drafted tokens accepted.");
+    o << "kvboost_spec_accepted_tokens_total " << spec.accepted << '\n';
+    metric("kvboost_spec_verify_passes_total", "counter", "Speculative decoding: verification passes.");
+    o << "kvboost_spec_verify_passes_total " << spec.passes << '\n';
+    metric("kvboost_spec_verify_tokens_total", "counter", "Speculative decoding: tokens emitted by verification passes.");
+    o << "kvboost_spec_verify_tokens_total " << spec.tokens << '\n';
     metric("kvboost_kv_blocks", "gauge", "KV blocks by state (cached blocks may also be used or free).");
     o << "kvboost_kv_blocks{state=\"total\"} " << kv.n_blocks << "\nkvboost_kv_blocks{state=\"used\"} " << kv.blocks_used
       << "\nkvboost_kv_blocks{state=\"free\"} " << kv.blocks_free << "\nkvboost_kv_blocks{state=\"cached\"} "

@@ -424,5 +424,35 @@ TEST(PrefixCache, MisuseThrows) {
   EXPECT_THROW(m.fork(1, 1), Error);
 }
 
+
+// Speculative decoding's rollback: slots of rejected drafts go back, emptied blocks return to
+// the pool, committed blocks cannot be cut, and a rejected token never becomes a cache entry.
+TEST(PrefixCache, TruncateGivesBackDraftSlots) {
+  KvCacheManager m(10, 4);
+  const Toks a = iota_toks(0, 6);  // one full block and a partial one
+  ASSERT_TRUE(m.allocate_for_prompt(1, a));
+  EXPECT_EQ(m.commit_full_blocks(1, a), 1);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(m.append_slot(1));  // 11 slots: 3 blocks
+  EXPECT_EQ(table(m, 1), (Ids{0, 1, 2}));
+  EXPECT_EQ(m.stats().blocks_used, 3);
+  m.truncate(1, 7);  // drafts rejected after one accepted token
+  EXPECT_EQ(m.n_tokens(1), 7);
+  EXPECT_EQ(table(m, 1), (Ids{0, 1}));
+  EXPECT_EQ(refs(m, 2), 0);
+  EXPECT_EQ(m.stats().blocks_used, 2);
+  auto s = m.append_slot(1);  // the next token lands right after the kept ones
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->block, 1);
+  EXPECT_EQ(s->offset, 3);
+  EXPECT_THROW(m.truncate(1, 3), Error);   // into the committed block
+  EXPECT_THROW(m.truncate(1, 99), Error);  // beyond the slots held
+  // Only the final tokens are committed: a prompt with other tokens in block 1 misses it.
+  const Toks fin = cat(a, Toks{100, 101});
+  EXPECT_EQ(m.commit_full_blocks(1, fin), 1);
+  auto p2 = m.allocate_for_prompt(2, cat(cat(a, Toks{100, 102}), Toks{7}));
+  ASSERT_TRUE(p2);
+  EXPECT_EQ(p2->n_cached, 4);
+}
+
 }  // namespace
 }  // namespace kvboost::kv
