@@ -25,6 +25,8 @@ void ChunkArgs::apply(EngineOptions& eo) const {
   eo.chunk_store.disk_bytes = disk == "0" ? 0 : parse_bytes(disk, "--chunk-disk");
   eo.chunk_store.disk_dir = disk_dir;
   eo.chunk_store.quant = kv::parse_kv_quant(quant);
+  if (!remote.empty() && eo.chunk_store.ram_bytes == 0)
+    fail("--chunk-remote needs the chunk store's RAM tier (fetched chunks are promoted there): --chunk-ram must not be 0");
   eo.chunk_store.remote_url = remote;
   eo.chunk_store.remote_ttl_s = remote_ttl;
 }

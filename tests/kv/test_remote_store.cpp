@@ -11,6 +11,7 @@
 #include "../../src/kv/remote_store.h"
 #include "kvboost/kv.h"
 #include "redis_server.h"
+#include "test_util.h"
 
 namespace kvboost::kv {
 namespace {
@@ -137,6 +138,24 @@ TEST(RemoteStore, RoundTripBetweenTwoStores) {
   // Promoted chunks are not written back.
   b.flush();
   EXPECT_EQ(b.stats().remote.writes, 0);
+}
+
+TEST(RemoteStore, UnixSocket) {
+  KVBOOST_REQUIRE_REDIS();
+  const std::string sock = test::make_temp_dir("remote_unix") + "/redis.sock";
+  RedisServer redis(0, {"--unixsocket", sock, "--unixsocketperm", "700"});
+  auto c = make_chunk(16, 4, "model-a", "u:");
+  const std::string url = "unix://" + sock + "?db=2&prefix=sock";
+  {
+    ChunkStore a(kShape, remote_opts(url));
+    a.put(c, false, "u:");
+    a.flush();
+    EXPECT_EQ(a.stats().remote.writes, 1);
+  }
+  EXPECT_EQ(redis.cmd({"DBSIZE"}), "0");  // written to database 2, not 0
+  ChunkStore b(kShape, remote_opts(url));
+  const ChunkQuery q[] = {query_of(*c)};
+  EXPECT_EQ(b.fetch_remote("u:", q, true), 1);
 }
 
 TEST(RemoteStore, TenantAndModelIsolation) {
