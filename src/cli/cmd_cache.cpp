@@ -54,8 +54,9 @@ void run_cache(const CacheArgs& a) {
   a.chunks.apply(eo);
   auto e = load_engine(resolve_model_dir(a.model, true), true, eo);
   const kv::ChunkStats s = e->chunk_store()->stats();
-  std::printf("chunk store %s\n  entries: %lld (disk %lld, %.1f MiB)\n  corrupt files removed at start-up: %lld\n",
-              a.chunks.disk_dir.c_str(), (long long)s.entries, (long long)s.entries_disk, double(s.bytes_disk) / 1048576.0,
+  std::printf("chunk store %s\n  model identity: %s (entries of other models are ignored)\n"
+              "  entries: %lld (disk %lld, %.1f MiB)\n  corrupt files removed at start-up: %lld\n",
+              a.chunks.disk_dir.c_str(), e->model_id().c_str(), (long long)s.entries, (long long)s.entries_disk, double(s.bytes_disk) / 1048576.0,
               (long long)s.corrupt);
   for (const auto& c : s.corrupt_files) std::printf("    %s\n", c.c_str());
 }
