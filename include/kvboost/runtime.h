@@ -276,6 +276,10 @@ struct EngineOptions {
   // end), so that chunks hold whole lines/sentences. 0 = fixed-size chunks.
   int64_t chunk_window = 16;
   kv::ChunkStoreOptions chunk_store;
+  // One chunk store several engines use (same K/V shape), instead of a store of their own
+  // (chunk_store's size and disk options are then the shared store's). Keys carry each
+  // engine's model_id(), so entries of different models never mix.
+  std::shared_ptr<kv::ChunkStore> shared_chunk_store;
 };
 
 class Engine;
@@ -371,6 +375,10 @@ class Engine {
   };
   SpecStats spec_stats() const;
   bool has_draft_model() const { return draft_ != nullptr; }
+  // The model identity chunk keys are derived from (kvb1-<32 hex>, model_identity in
+  // kvboost/model.h, or EngineOptions::chunk_store.model_id when that was set): the key prefix
+  // for any tier that stores this engine's K/V.
+  const std::string& model_id() const { return model_id_; }
   // The chunk store (nullptr when disabled).
   kv::ChunkStore* chunk_store() const { return chunks_.get(); }
 
@@ -411,7 +419,7 @@ class Engine {
   std::unique_ptr<kv::FileColdStore> cold_;
   std::vector<float*> k_pools_, v_pools_;
   std::vector<std::shared_ptr<Request>> waiting_, running_;
-  std::unique_ptr<kv::ChunkStore> chunks_;
+  std::shared_ptr<kv::ChunkStore> chunks_;
   std::string model_id_;
   // speculative.cpp: drafting before the pass, acceptance after it (docs/speculative.md).
   std::unique_ptr<SpecDraftModel> draft_;

@@ -70,8 +70,9 @@ void run_cache(const CacheArgs& a) {
     const int64_t n_start = e->chunk_store()->stats().corrupt;
     const int64_t n_verify = a.verify ? e->chunk_store()->verify_disk() : 0;
     const kv::ChunkStats s = e->chunk_store()->stats();
-    std::printf("chunk store %s\n  entries: %lld (disk %lld, %.1f MiB)\n  corrupt files removed at start-up: %lld\n",
-                a.chunks.disk_dir.c_str(), (long long)s.entries, (long long)s.entries_disk, double(s.bytes_disk) / 1048576.0,
+    std::printf("chunk store %s\n  model identity: %s (entries of other models are ignored)\n"
+                "  entries: %lld (disk %lld, %.1f MiB)\n  corrupt files removed at start-up: %lld\n",
+                a.chunks.disk_dir.c_str(), e->model_id().c_str(), (long long)s.entries, (long long)s.entries_disk, double(s.bytes_disk) / 1048576.0,
                 (long long)n_start);
     if (a.verify) std::printf("  corrupt files found by --verify (checksums): %lld\n", (long long)n_verify);
     else std::printf("  (headers and sizes checked; --verify checks every checksum)\n");

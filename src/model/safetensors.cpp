@@ -162,6 +162,12 @@ const TensorInfo* WeightFiles::find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
+std::vector<std::string> WeightFiles::paths() const {
+  std::vector<std::string> v;
+  for (const auto& f : files_) v.push_back(f->path());
+  return v;
+}
+
 size_t WeightFiles::total_bytes() const {
   size_t n = 0;
   for (const auto& f : files_) n += f->size();

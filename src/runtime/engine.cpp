@@ -4,6 +4,8 @@
 // decodes), samples, and streams text that is final (whole UTF-8 characters, never the start of a
 // stop string). KV exhaustion preempts the newest request; it resumes by recomputation, which the
 // prefix cache makes cheap.
+#include <sys/stat.h>
+
 #include <algorithm>
 
 #include "request.h"
@@ -46,18 +48,28 @@ Engine::Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt)
     cold_ = std::make_unique<kv::FileColdStore>(opt.cold_dir, store_->block_bytes());
     kv_->attach_cold_tier(store_.get(), cold_.get());
   }
-  // Model identity for chunk keys: architecture, shapes and the weights' size; stored chunks of
-  // one model are never used by another.
+  // Model identity for chunk keys (model_identity, src/model/identity.cpp): a content hash of
+  // the weights, architecture, vocabulary and the store's K/V encoding; stored chunks of one
+  // model are never used by another. With a disk tier, per-file hashes are remembered beside it.
   model_id_ = opt_.chunk_store.model_id;
   if (model_id_.empty()) {
-    model_id_ = c.model_type + "/" + std::to_string(c.hidden_size) + "x" + std::to_string(c.n_layers) + "/" +
-                std::to_string(c.n_kv_heads) + "x" + std::to_string(c.head_dim) + "/v" + std::to_string(c.vocab_size) +
-                "/w" + std::to_string(model_->weight_bytes()) + "/rope" + std::to_string(c.rope_theta);
+    const kv::ChunkStoreOptions& cs = opt_.shared_chunk_store ? opt_.shared_chunk_store->options() : opt_.chunk_store;
+    if (!cs.disk_dir.empty()) ::mkdir(cs.disk_dir.c_str(), 0755);  // (the store would create it next)
+    const std::string cache = cs.disk_dir.empty() ? "" : path_join(cs.disk_dir, "model-identity.cache");
+    model_id_ = model_identity(*model_, tok_, kv::kv_quant_name(cs.quant), cache);
     opt_.chunk_store.model_id = model_id_;
   }
   if (opt_.chunk_size < 1) fail("chunk size ", opt_.chunk_size, " must be positive");
-  if (opt_.chunk_store.ram_bytes > 0)
-    chunks_ = std::make_unique<kv::ChunkStore>(kv::ChunkShape{c.n_layers, c.n_kv_heads, c.head_dim}, opt_.chunk_store);
+  const kv::ChunkShape shape{c.n_layers, c.n_kv_heads, c.head_dim};
+  if (opt_.shared_chunk_store) {
+    const kv::ChunkShape& s = opt_.shared_chunk_store->shape();
+    if (s.n_layers != shape.n_layers || s.n_kv_heads != shape.n_kv_heads || s.head_dim != shape.head_dim)
+      fail("shared_chunk_store holds chunks of ", s.n_layers, " layers x ", s.n_kv_heads, " x ", s.head_dim,
+           " but the model's K/V are ", shape.n_layers, " x ", shape.n_kv_heads, " x ", shape.head_dim);
+    chunks_ = opt_.shared_chunk_store;
+  } else if (opt_.chunk_store.ram_bytes > 0) {
+    chunks_ = std::make_shared<kv::ChunkStore>(shape, opt_.chunk_store);
+  }
 }
 
 Engine::~Engine() = default;

@@ -9,6 +9,7 @@
 // Positions from the first approximate token on are never registered as exact prefix K/V.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "request.h"
@@ -34,6 +35,26 @@ ReuseMode parse_reuse_mode(std::string_view s) {
   if (s == "cacheblend" || s == "blend") return ReuseMode::kCacheBlend;
   fail("unknown reuse strategy \"", s, "\" (expected prefix, none, selective or cacheblend)");
 }
+
+namespace {
+// The repair settings that decide which tokens a request recomputes. A chunk computed after
+// approximate K/V (a content entry stored by store_chunks past the first content hit) holds
+// bytes that depend on them, so such entries are keyed with them too (dirty_content_key): a
+// request finds them only under its own settings, and clean content entries (computed in an
+// exact context) under any.
+std::string repair_tag(const ReusePolicy& p) {
+  char b[256];
+  std::snprintf(b, sizeof b, "\x01repair:%s/%lld/%lld/%lld/%.9g/%lld/%lld/%.9g/%lld", reuse_mode_name(p.mode),
+                (long long)p.repair_tokens, (long long)p.overlap_tokens, (long long)p.sink_tokens, double(p.blend_ratio),
+                (long long)p.blend_check_layer, (long long)p.blend_run_starts, double(p.blend_first_ratio),
+                (long long)p.blend_taper_layers);
+  return b;
+}
+uint64_t dirty_content_key(const std::string& model_id, const Request::State& r, std::span<const int32_t> toks) {
+  const uint64_t root = kv::chunk_root(model_id + repair_tag(r.opt.reuse), r.ns);
+  return kv::chunk_keys(kv::chunk_first_keys(root), root, toks).content;
+}
+}  // namespace
 
 void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
   const ModelConfig& c = model_->config();
@@ -112,7 +133,9 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
       continue;
     }
     exact = false;
-    if (pol.mode != ReuseMode::kPrefixOnly && (hit = chunks_->find_content(r.chunk_keys[i].content, toks))) {
+    if (pol.mode != ReuseMode::kPrefixOnly &&
+        ((hit = chunks_->find_content(r.chunk_keys[i].content, toks)) ||
+         (hit = chunks_->find_content(dirty_content_key(model_id_, r, toks), toks)))) {
       copy_in(*hit, ch.begin, n_cached);
       std::fill(state.begin() + std::max(ch.begin, n_cached), state.begin() + ch.end, 2);
       r.chunk_src[i] = Src::kStoreContent;
@@ -338,7 +361,10 @@ void Engine::store_chunks(Request::State& r) {
     if (r.chunk_src[i] == Src::kStoreContent || r.chunk_src[i] == Src::kStorePrefix) continue;
     const bool exact = ch.end <= r.context_limit;
     kv::ChunkKeys keys = r.chunk_keys[i];
-    if (!exact) keys.prefix = keys.check = 0;  // computed after K/V of another context: content only
+    if (!exact) {  // computed after K/V of another context: content only, under this request's repair settings
+      keys.prefix = keys.check = 0;
+      keys.content = dirty_content_key(model_id_, r, std::span<const int32_t>(r.context.data() + ch.begin, size_t(ch.end - ch.begin)));
+    }
     if (exact ? chunks_->contains_prefix(keys.prefix) : chunks_->contains_content(keys.content)) {
       if (!r.opt.reuse.pin) continue;
     }

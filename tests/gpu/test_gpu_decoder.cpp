@@ -22,7 +22,9 @@ constexpr double kTight = 2e-4;
 constexpr double kLoose = 3e-2;
 
 #define REQUIRE_GPU() \
-  if (gpu::device_count() == 0) GTEST_SKIP() << (gpu::built_with_cuda() ? "no CUDA device" : "built without CUDA")
+  if (gpu::device_count() == 0)                                                           \
+  GTEST_SKIP() << (gpu::built_with_cuda() ? "no CUDA device" : "built without CUDA")      \
+               << " (GPU tests always skip on a machine without a CUDA device, as in CI: they run only where scripts/gpu_check.sh runs them)"
 
 std::unique_ptr<Model> fixture(const std::string& name, FixtureSpec s) {
   const std::string dir = test::make_temp_dir(name);

@@ -25,7 +25,7 @@ bool have_device() {
   return n > 0;
 }
 #define REQUIRE_DEVICE() \
-  if (!have_device()) GTEST_SKIP() << "no CUDA device"
+  if (!have_device()) GTEST_SKIP() << "no CUDA device (GPU tests always skip on a machine without a CUDA device, as in CI: they run only where scripts/gpu_check.sh runs them)"
 
 std::vector<float> randv(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 g(seed);

@@ -139,25 +139,3 @@ TEST(Dequant, RejectsPartialBlocks) {
   EXPECT_THROW(kernels::dequantize_row_ref(b.data(), GgmlType::Q8_0, y.data(), 33), Error);
   EXPECT_THROW(kernels::dequantize_row(b.data(), GgmlType(3), y.data(), 32), Error);
 }
-
-TEST(Dequant, Throughput) {
-  // Informational: output floats per second of each path (no assertion).
-  std::mt19937 rng(9);
-  const int64_t n = int64_t(1) << 20;
-  const Isa saved = active_isa();
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
-    auto src = random_blocks(t, n, rng);
-    std::vector<float> y(static_cast<size_t>(n));
-    for (Isa isa : {Isa::Scalar, Isa::Avx2}) {
-      set_active_isa(isa);
-      kernels::dequantize_row(src.data(), t, y.data(), n);
-      const double t0 = now_ms();
-      const int reps = 4;
-      for (int r = 0; r < reps; ++r) kernels::dequantize_row(src.data(), t, y.data(), n);
-      const double ms = (now_ms() - t0) / reps;
-      std::printf("  dequant %-5s %-6s %7.2f Gelem/s (%.1f GB/s written)\n", kernels::ggml_type_name(t),
-                  isa_name(active_isa()), double(n) / ms / 1e6, double(n) * 4 / ms / 1e6);
-    }
-  }
-  set_active_isa(saved);
-}

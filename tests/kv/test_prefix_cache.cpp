@@ -382,6 +382,51 @@ TEST(PrefixCache, TailOfAFinishedSequenceIsReusedToTheToken) {
   m.free(6);
 }
 
+// A cached tail is reused only after the very block it was computed after. With a hash that
+// ignores the parent, the tail of [X | 8 9] (committed after the root X block) sits under the
+// same key as a tail after [W, X]; once the root X block is evicted and X is registered again
+// after W, the prompt [W, X, 8, 9, 7] finds that tail with matching tokens, but its K/V
+// attended to X alone, not to W X: only the two full blocks are a hit.
+// Catches: removing the tail's parent check (info.parent_reg == parent_reg) in
+// KvCacheManager::allocate_for_prompt, which serves those two rows (n_cached 10, n_tail 2).
+TEST(PrefixCache, TailRequiresTheSameParentBlock) {
+  KvCacheManager m(4, 4);
+  m.set_hash_fn_for_testing([](uint64_t, std::span<const int32_t> t) { return block_hash(0, t); });
+  const Toks x = iota_toks(0, 4), w = iota_toks(20, 4), z = iota_toks(30, 4), tail = {8, 9};
+  // X at the root, in block 0.
+  ASSERT_TRUE(m.allocate_for_prompt(1, x));
+  EXPECT_EQ(m.commit_full_blocks(1, x), 1);
+  m.free(1);
+  // X again (all cached: a private copy in block 1; block 0 is free, still cached), then the
+  // tail: decoded into block 2, committed after X's chain (root block 0).
+  auto p2 = m.allocate_for_prompt(2, x);
+  ASSERT_TRUE(p2);
+  EXPECT_EQ(p2->n_cached, 3);
+  ASSERT_TRUE(m.append_slot(2));
+  ASSERT_TRUE(m.append_slot(2));
+  const Toks xt = cat(x, tail);
+  m.commit_full_blocks(2, xt);
+  ASSERT_TRUE(m.commit_tail(2, xt));
+  EXPECT_EQ(table(m, 2), (Ids{1, 2}));
+  // [W, Z] takes blocks 3 and 0: the root X block is evicted.
+  ASSERT_TRUE(m.allocate_for_prompt(3, cat(w, z)));
+  EXPECT_EQ(table(m, 3), (Ids{3, 0}));
+  m.commit_full_blocks(3, cat(w, z));
+  m.free(3);
+  // [W, X]: X registered again, now after W (block 0).
+  auto p4 = m.allocate_for_prompt(4, cat(w, x));
+  ASSERT_TRUE(p4);
+  EXPECT_EQ(p4->n_cached, 4);
+  EXPECT_EQ(m.commit_full_blocks(4, cat(w, x)), 1);
+  m.free(4);
+  m.free(2);
+  auto p5 = m.allocate_for_prompt(5, cat(cat(cat(w, x), tail), {7}));
+  ASSERT_TRUE(p5);
+  EXPECT_EQ(p5->n_cached, 8) << "the tail computed after the root X block was served after W X";
+  EXPECT_EQ(p5->n_tail, 0);
+  EXPECT_TRUE(p5->copies.empty());
+}
+
 TEST(PrefixCache, TailIsEvictedLikeAnyCachedBlockAndReplacedByANewerOne) {
   KvCacheManager m(4, 4);
   const Toks a = iota_toks(0, 6);

@@ -5,7 +5,8 @@
                   [--hf-on-dequant] [--compare-args ARGS] -- FIXTURE_FLAGS...
 
 1. `kvboost-fixture FIXTURE_FLAGS --out DIR/model` writes the model directory;
-2. `kvboost logits` and tools/oracle/hf_reference.py run the same NAME-seeded id sequence;
+2. tools/oracle/hf_reference.py runs a NAME-seeded id sequence and its greedy continuation, and
+   `kvboost logits` the same ids teacher-forced on the reference's continuation (--force-ids);
 3. tools/oracle/compare_logits.py judges (tolerance flags pass through with --compare-args).
 
 Run with the oracle interpreter (CMake's KVBOOST_PYTHON). Without torch/transformers it exits 77
@@ -93,10 +94,14 @@ def main():
 
     ours = os.path.join(a.workdir, "kvboost.json")
     ref = os.path.join(a.workdir, "hf.json")
-    run([a.kvboost, "logits", "--model", model, "--ids", ids, "--greedy", str(a.greedy), "--out", ours],
-        "kvboost logits")
     run([sys.executable, os.path.join(ORACLE_DIR, "hf_reference.py"), "--model", hf_model, "--ids", ids,
          "--greedy", str(a.greedy), "--out", ref], "hf_reference.py")
+    # Teacher-forced on the reference's greedy ids: every continuation row is compared, also past
+    # a near-tie where our argmax differs (compare_logits.py reports those; see its docstring).
+    with open(ref) as f:
+        forced = " ".join(str(i) for i in json.load(f)["greedy_ids"])
+    run([a.kvboost, "logits", "--model", model, "--ids", ids, "--greedy", str(a.greedy), "--out", ours,
+         *(["--force-ids", forced] if a.greedy else [])], "kvboost logits")
     run([sys.executable, os.path.join(ORACLE_DIR, "compare_logits.py"), ours, ref, "--label", a.name,
          *shlex.split(a.compare_args)], "compare_logits.py")
     return 0

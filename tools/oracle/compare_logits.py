@@ -3,17 +3,20 @@
 
     {"prompt_logits": [[f]*vocab]*n_prompt, "greedy_ids": [i]*N, "greedy_logits": [[f]*vocab]*N}
 
-    compare_logits.py OURS.json REFERENCE.json [--rtol 1e-4] [--atol 2e-4]
+    compare_logits.py OURS.json REFERENCE.json [--rtol 1e-4] [--atol 2e-4] [--tie-margin X] [--strict-ties]
 
 Tolerance: |ours - ref| <= atol + rtol * max(1, max|ref logit|) for every logit compared. Scaling by
 the largest reference logit keeps the check meaningful for models with large logits, where fp32
 summation-order differences grow with magnitude; the defaults suit fp32 compute on fp32/bf16/f16
 weights (the reference upcasts all weights to fp32 exactly).
 
-Greedy: the ids must be equal. Logits after the first differing id are not comparable (the inputs
-differ), so rows are compared up to and including that step. A differing id whose two candidates
-the reference scores within the tolerance of each other is a near-tie: reported, and it fails only
-with --strict-ties.
+Greedy: run ours teacher-forced on the reference's greedy ids (`kvboost logits --force-ids`, as
+tests/oracle/hf_compare.py does): the ids are then equal by construction and every row is
+compared. Each row's argmax must also agree with the reference's; where it does not, the
+reference's preference for its own argmax over ours is the gap: a gap within --tie-margin
+(default: the logit tolerance) is a near-tie, reported, failing only with --strict-ties; a wider
+gap fails. Without teacher forcing (greedy ids that differ), rows after the first differing id are
+not comparable (the inputs differ), so they are skipped and the report says how many were.
 
 Exit status: 0 agree; 1 disagree (the message says where and by how much); 2 unusable input.
 """
@@ -52,7 +55,9 @@ def main():
     ap.add_argument("reference")
     ap.add_argument("--rtol", type=float, default=1e-4, help="relative to max(1, max|reference logit|)")
     ap.add_argument("--atol", type=float, default=2e-4)
-    ap.add_argument("--strict-ties", action="store_true", help="a greedy id differing at a near-tie fails too")
+    ap.add_argument("--tie-margin", type=float, default=None,
+                    help="a differing argmax whose reference gap is at most this is a near-tie (default: the tolerance)")
+    ap.add_argument("--strict-ties", action="store_true", help="a differing argmax at a near-tie fails too")
     ap.add_argument("--label", default="", help="name printed in the report")
     a = ap.parse_args()
 
@@ -80,6 +85,7 @@ def main():
 
     scale = max((abs(v) for r in ref["prompt_logits"] + ref["greedy_logits"] for v in r), default=0.0)
     tol = a.atol + a.rtol * max(1.0, scale)
+    tie_margin = tol if a.tie_margin is None else a.tie_margin
 
     # Greedy ids: find the first divergence; rows up to it are comparable.
     g_ours, g_ref = ours["greedy_ids"], ref["greedy_ids"]
@@ -90,7 +96,7 @@ def main():
         # The id at step k is the argmax of the previous row: the last prompt row for k = 0.
         prev = ref["prompt_logits"][-1] if first_diff == 0 else ref["greedy_logits"][first_diff - 1]
         gap = prev[g_ref[first_diff]] - prev[g_ours[first_diff]]
-        tie_note = (first_diff, gap, gap <= tol)
+        tie_note = (first_diff, gap, gap <= tie_margin)
         # greedy_logits[k] consumed greedy_ids[k]: rows from k on had different inputs.
         n_greedy_rows = first_diff
 
@@ -111,7 +117,7 @@ def main():
         if d > tol:
             bad_rows.append((kind, i, d))
         if argmax(r_o) != argmax(r_r):
-            argmax_mismatch.append((kind, i))
+            argmax_mismatch.append((kind, i, r_r[argmax(r_r)] - r_r[argmax(r_o)]))
 
     print(f"{tag}rows compared: {n_prompt} prompt + {n_greedy_rows} greedy, vocab {vocab}")
     print(f"{tag}max |logit| (reference) = {scale:.4g}; tolerance = {a.atol:g} + {a.rtol:g} * max(1, {scale:.4g})"
@@ -120,7 +126,11 @@ def main():
         print(f"{tag}max |delta logit| = {worst[0]:.3e} at {worst[1][0]} row {worst[1][1]}"
               f" ({worst[0] / max(1.0, scale):.2e} of the logit scale)")
     print(f"{tag}argmax agreement: {len(rows) - len(argmax_mismatch)}/{len(rows)} rows"
-          + (f"; differs at {argmax_mismatch[:8]}" if argmax_mismatch else ""))
+          + ("; differs at " + ", ".join(f"{k}[{i}] (reference gap {g:.2e})" for k, i, g in argmax_mismatch[:8])
+             if argmax_mismatch else ""))
+    if n_greedy_rows < len(g_ref):
+        print(f"{tag}warning: not teacher-forced: {len(g_ref) - n_greedy_rows} of {len(g_ref)} greedy rows "
+              "not compared (run ours with --force-ids)")
     print(f"{tag}greedy ids: " + ("equal" if first_diff is None else
           f"differ from step {first_diff}: ours {g_ours[first_diff:first_diff + 8]} vs reference "
           f"{g_ref[first_diff:first_diff + 8]}"))
@@ -129,15 +139,25 @@ def main():
     if bad_rows:
         shown = ", ".join(f"{k}[{i}] {d:.2e}" for k, i, d in bad_rows[:8])
         failures.append(f"{len(bad_rows)} row(s) exceed the tolerance {tol:.2e}: {shown}")
+    ties = [(k, i, g) for k, i, g in argmax_mismatch if g <= tie_margin]
+    wide = [(k, i, g) for k, i, g in argmax_mismatch if g > tie_margin]
+    if ties:
+        print(f"{tag}note: {len(ties)} row(s) are near-ties (argmax differs, reference gap <= {tie_margin:.2e})")
+        if a.strict_ties:
+            failures.append(f"argmax differs at {len(ties)} near-tie row(s) (--strict-ties)")
+    if wide:
+        shown = ", ".join(f"{k}[{i}] gap {g:.2e}" for k, i, g in wide[:8])
+        failures.append(f"argmax differs at {len(wide)} row(s) where the reference prefers its own by more than "
+                        f"the tie margin {tie_margin:.2e}: {shown}")
     if tie_note is not None:
         k, gap, near = tie_note
         if near:
             print(f"{tag}note: greedy step {k} is a near-tie: the reference scores its id {gap:.2e} above ours "
-                  f"(within tolerance); later greedy rows not compared")
+                  f"(within the tie margin); later greedy rows not compared")
             if a.strict_ties:
                 failures.append(f"greedy ids differ at step {k} (near-tie, --strict-ties)")
         else:
-            failures.append(f"greedy ids differ at step {k}: reference prefers its id by {gap:.2e} > tolerance")
+            failures.append(f"greedy ids differ at step {k}: reference prefers its id by {gap:.2e} > tie margin")
     if failures:
         for f in failures:
             print(f"compare_logits: {tag}FAIL: {f}", file=sys.stderr)
