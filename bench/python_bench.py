@@ -30,7 +30,8 @@ def cli_runs(a, threads):
            "--ignore-eos", "--no-prefix-cache", "--chunk-ram", "0", "--repeat", str(a.runs + 1), "--no-echo"]
     if threads:
         cmd += ["--threads", str(threads)]
-    err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    # stdout to /dev/null: a pipe would wake its reader on every token the CLI streams
+    err = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True).stderr
     ttft = [float(x) for x in re.findall(r"time to first token: ([\d.]+) ms", err)]
     tps = [float(x) for x in re.findall(r"decode: ([\d.]+) tokens/s", err)]
     return ttft[1:], tps[1:]  # the first run warms pages and caches

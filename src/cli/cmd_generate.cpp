@@ -40,6 +40,7 @@ void run_generate(GenerateArgs a) {
   if (a.prompt_file == "-") prompt = read_stdin();
   else if (!a.prompt_file.empty()) prompt = read_file(a.prompt_file);
   else if (prompt.empty() && a.segments.empty()) fail("no prompt: give -p TEXT, -f FILE or --segment TEXT");
+  parse_head_quant(a.head_quant, "--head-quant");  // a bad flag is reported before a missing model
   const std::string dir = resolve_model_dir(a.model, a.quiet);
   EngineOptions eopt;
   eopt.block_size = a.block_size;

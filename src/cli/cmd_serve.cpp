@@ -64,6 +64,7 @@ void run_serve(const ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  parse_head_quant(a.head_quant, "--head-quant");  // a bad flag is reported before a missing model
   const std::string dir = resolve_model_dir(a.model, a.quiet);
   EngineOptions eopt;
   eopt.block_size = a.block_size;
