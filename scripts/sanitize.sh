@@ -23,7 +23,7 @@ nice ninja -C "$build_dir" -j"$jobs" "${targets[@]}"
 echo "[sanitize] built in $((SECONDS - start)) s"
 # Executables not built above register as "<target>_NOT_BUILT" (gtest_discover_tests): skipped,
 # with the Python/CLI tests that need other binaries.
-export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
+export ASAN_OPTIONS="detect_leaks=${KVBOOST_DETECT_LEAKS:-0}:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp"
 ctest --test-dir "$build_dir" -j"$jobs" --output-on-failure --timeout 600 \
