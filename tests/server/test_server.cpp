@@ -850,5 +850,30 @@ TEST(Server, ChatConfigGivesAModelATemplate) {
   EXPECT_EQ(body_of(r)["usage"]["prompt_tokens"], engine->tokenizer().encode(prompt, false).size());
 }
 
+// Speculative decoding over HTTP: the body's "speculative" knobs, the response's
+// kvboost.speculative, the /metrics counters, and a bad mode answered 400.
+TEST(Server, SpeculativeFieldStatsAndMetrics) {
+  TestServer s(tiny_engine());
+  const std::string prompt = "one two three four one two three four one two three four one two";
+  json req = completion_req(prompt, 24);
+  req["temperature"] = 0;
+  req["speculative"] = {{"mode", "off"}};
+  json off = body_of(s.post("/v1/completions", req));
+  req["speculative"] = {{"mode", "lookup"}, {"draft_tokens", 4}, {"ngram", 2}};
+  json on = body_of(s.post("/v1/completions", req));
+  EXPECT_EQ(on["choices"][0]["text"], off["choices"][0]["text"]);  // greedy: the same tokens
+  EXPECT_EQ(off["kvboost"]["speculative"]["drafted"], 0) << off.dump();
+  ASSERT_TRUE(on["kvboost"]["speculative"].contains("acceptance_rate")) << on.dump();
+  EXPECT_GE(on["kvboost"]["speculative"]["tokens_per_pass"].get<double>(), 1.0) << on.dump();
+  const std::string mt = s.get("/metrics").body;
+  EXPECT_NE(mt.find("kvboost_spec_draft_tokens_total "), std::string::npos);
+  EXPECT_NE(mt.find("kvboost_spec_accepted_tokens_total "), std::string::npos);
+  req["speculative"] = {{"mode", "fast"}};
+  EXPECT_EQ(s.post("/v1/completions", req).status, 400);
+  req["speculative"] = {{"mode", "draft"}};  // no draft model loaded: the engine's Error
+  EXPECT_EQ(s.post("/v1/completions", req).status, 400);
+}
+
 }  // namespace
 }  // namespace kvboost
+
