@@ -38,10 +38,14 @@ std::string resolve_model_dir(const std::string& dir, bool quiet) {
     std::filesystem::create_directories(std::filesystem::path(d).parent_path());
     std::filesystem::rename(tmp, d);
   }
-  if (!quiet)
+  if (!quiet) {
+    const Style st = Style::on(2);
     std::fprintf(stderr,
-                 "kvboost: using the generated demo model (random weights: its text is not meaningful).\n"
-                 "         Point --model at a Hugging Face model directory for real output.\n");
+                 "%skvboost: using the generated demo model (random weights: its text is not meaningful).\n"
+                 "         Point --model at a Hugging Face model directory or a .gguf file (models/stories260K in\n"
+                 "         the source tree is a real one) for real output.%s\n",
+                 st.yellow(), st.reset());
+  }
   return d;
 }
 

@@ -111,6 +111,8 @@ void run_generate(GenerateArgs a) {
     std::fputc('\n', stdout);
     std::fflush(stdout);
     if (!a.quiet) {
+      const Style st = Style::on(2);  // dim statistics on a terminal only
+      std::fputs(st.dim(), stderr);
       std::fprintf(stderr,
                    "prompt tokens: %d (%lld from the prefix cache) | generated tokens: %zu (%s) | time to first token: %.1f ms\n"
                    "prefill: %.1f tokens/s (%.1f ms) | decode: %.2f tokens/s (%.1f ms) | threads: %d | isa: %s\n",
@@ -121,6 +123,7 @@ void run_generate(GenerateArgs a) {
                    a.reuse.c_str(), (long long)r.n_reused, (long long)r.n_recomputed, (long long)r.n_new,
                    100.0 * r.reuse_ratio(),
                    r.guarded ? " (guard: the first token was a close call, recomputed exactly)" : "");
+      std::fputs(st.reset(), stderr);
     }
     if (a.stats) std::fprintf(stderr, "%s\n", spec_summary(r).c_str());
   }
