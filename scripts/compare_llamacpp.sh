@@ -5,8 +5,13 @@
 # ratio = ours / llama.cpp. Both sides run with the same thread count on the same file. Run it on a
 # quiet machine: anything else running skews both columns.
 #
-# Usage: scripts/compare_llamacpp.sh LLAMA_BENCH GGUF_DIR
+# Usage: scripts/compare_llamacpp.sh LLAMA_BENCH GGUF_DIR [PEER2_BENCH]
 #   LLAMA_BENCH  path to a llama-bench binary
+#   PEER2_BENCH  optional second llama-bench-compatible binary (ik_llama.cpp's, from the
+#                ik-llama-cpp-python 0.1.5 sdist: vendor/ik_llama.cpp; its sdist lacks
+#                common/cmake/build-info-gen-cpp.cmake: create it empty and write
+#                common/build-info.cpp from build-info.cpp.in, then ninja llama-bench as in step 1);
+#                each row then also gets its pp/tg and ours / it (docs/kernels-vnni.md)
 #   GGUF_DIR     directory holding one file per format, named *-<format>.gguf (or *_ / *. before
 #                the format; case-insensitive), e.g. qwen2.5-0.5b-q4_k_m.gguf
 # Environment:
@@ -59,9 +64,11 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 die() { echo "compare_llamacpp: $*" >&2; exit 1; }
 
-[[ $# -eq 2 ]] || die "usage: $0 LLAMA_BENCH GGUF_DIR (see the header of this script)"
+[[ $# -eq 2 || $# -eq 3 ]] || die "usage: $0 LLAMA_BENCH GGUF_DIR [PEER2_BENCH] (see the header of this script)"
 llama_bench="$1"
 gguf_dir="$2"
+peer2="${3:-}"
+[[ -z "$peer2" || ( -f "$peer2" && -x "$peer2" ) ]] || die "second peer binary not found or not executable: '$peer2'"
 kvboost="${KVBOOST:-$repo/build/kvboost}"
 threads="${THREADS:-2}"
 if [[ "${SMOKE:-0}" == "1" ]]; then
@@ -141,7 +148,17 @@ for f in $formats; do
   lpp_of[$f]="${lpp:-}" ltg_of[$f]="${ltg:-}"
   echo "compare_llamacpp: $f: kvboost bench model on $g" >&2
   read -r opp otg < <(run_ours "$g" "$log_dir/kvboost-$f.md")
-  rows+=("| $f | $mib | ${lpp:-n/a} | ${opp:-n/a} | $(ratio "${lpp:-0}" "${opp:-0}") | ${ltg:-n/a} | ${otg:-n/a} | $(ratio "${ltg:-0}" "${otg:-0}") |")
+  extra=""
+  if [[ -n "$peer2" ]]; then
+    echo "compare_llamacpp: $f: second peer ($peer2) on $g" >&2
+    p2_log="$log_dir/peer2-bench-$f.md"
+    "$peer2" -m "$g" -p "$pp" -n "$tg" -t "$threads" -r "$reps" -o md > "$p2_log" 2> "$log_dir/peer2-bench-$f.err" ||
+      echo "compare_llamacpp: the second peer failed on $g (see $log_dir/peer2-bench-$f.err)" >&2
+    ppp=$(parse_llama "$p2_log" | awk -v t="pp$pp" '$1 == t { print $2 }')
+    ptg=$(parse_llama "$p2_log" | awk -v t="tg$tg" '$1 == t { print $2 }')
+    extra=" ${ppp:-n/a} | $(ratio "${ppp:-0}" "${opp:-0}") | ${ptg:-n/a} | $(ratio "${ptg:-0}" "${otg:-0}") |"
+  fi
+  rows+=("| $f | $mib | ${lpp:-n/a} | ${opp:-n/a} | $(ratio "${lpp:-0}" "${opp:-0}") | ${ltg:-n/a} | ${otg:-n/a} | $(ratio "${ltg:-0}" "${otg:-0}") |$extra")
 done
 
 if [[ -n "$awq_dir" ]]; then
@@ -156,6 +173,12 @@ build=$(grep -h '^build:' "$log_dir"/llama-bench-*.md 2>/dev/null | head -1 || t
 echo
 echo "llama.cpp ${build:-build: unknown} vs kvboost ($kvboost, repo at $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?')), $threads threads, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'); tokens/s (llama.cpp: mean of $reps; ours: median of $reps); ratio = ours / llama.cpp"
 echo
-echo "| format | file MiB | llama.cpp pp$pp | ours pp$pp | ratio | llama.cpp tg$tg | ours tg$tg | ratio |"
-echo "|---|---|---|---|---|---|---|---|"
+if [[ -n "$peer2" ]]; then
+  echo "(peer 2: $peer2; its ratios are ours / peer 2)"
+  echo "| format | file MiB | llama.cpp pp$pp | ours pp$pp | ratio | llama.cpp tg$tg | ours tg$tg | ratio | peer2 pp$pp | ratio | peer2 tg$tg | ratio |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+else
+  echo "| format | file MiB | llama.cpp pp$pp | ours pp$pp | ratio | llama.cpp tg$tg | ours tg$tg | ratio |"
+  echo "|---|---|---|---|---|---|---|---|"
+fi
 printf '%s\n' "${rows[@]}"

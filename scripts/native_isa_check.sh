@@ -13,7 +13,8 @@
 #      each path against the scalar reference.
 #
 # Usage: scripts/native_isa_check.sh [BUILD_DIR]    (default: build; configured and built here)
-# Environment: MODEL (default /tmp/q05, generated with kvboost-fixture if missing),
+# Environment: MODEL (default /tmp/q05, generated with kvboost-fixture if missing), QMODEL (a
+#              quantized GGUF: also `bench model` per KVBOOST_QUANT_GEMM path),
 #              PREFILL (default 128,512), RUNS (default 3), SKIP_BENCH=1 (tests only).
 set -u
 cd "$(dirname "$0")/.."
@@ -29,7 +30,8 @@ echo "flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|f
 echo "load: $(uptime)"
 
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null || exit 1
-ninja -C "$B" kvboost kvboost-fixture test_matmul_packed_isa test_fast_kernels test_kernels || exit 1
+ninja -C "$B" kvboost kvboost-fixture test_matmul_packed_isa test_fast_kernels test_kernels \
+  test_quant_matmul quant_gemm_bench || exit 1
 
 echo; echo "## Kernel tests per KVBOOST_ISA (a level the CPU lacks is clamped to the best it has)"
 for isa in $LEVELS; do
@@ -43,6 +45,17 @@ for isa in $LEVELS; do
 done
 echo "Native tests that ran (not skipped):"
 "$B/tests/kernels/test_matmul_packed_isa" --gtest_filter='Native.*' 2>&1 | grep -E '^\[ +(OK|FAILED|SKIPPED) +\]'
+
+echo; echo "## Quantized matmul (docs/kernels-vnni.md): every KVBOOST_QUANT_GEMM path vs the scalar reference"
+echo "flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx_vnni|avx512_vnni|amx_int8)$' | tr '\n' ' ')"
+for q in off avx2 avxvnni avx512vnni; do
+  if KVBOOST_QUANT_GEMM=$q "$B/tests/kernels/test_quant_matmul" --gtest_brief=1 >"/tmp/native_isa_quant_$q.log" 2>&1; then
+    echo "PASS  KVBOOST_QUANT_GEMM=$q test_quant_matmul"
+  else
+    echo "FAIL  KVBOOST_QUANT_GEMM=$q test_quant_matmul (log: /tmp/native_isa_quant_$q.log)"; fail=1
+  fi
+done
+"$B/tests/kernels/test_quant_matmul" --gtest_filter='Native.*' 2>&1 | grep -E '^\[ +(OK|FAILED|SKIPPED) +\]'
 
 echo; echo "## AMX object: the instructions before each ldtilecfg"
 obj=$(find "$B" -name 'matmul_packed_amx.cpp.o' | head -1)
@@ -65,6 +78,15 @@ for isa in $LEVELS; do
   KVBOOST_ISA=$isa "$B/kvboost" bench model -m "$MODEL" --runs "$RUNS" --prefill "$PREFILL" \
     --decode-context 128 --no-reuse || fail=1
 done
+echo; echo "## Quantized prefill GEMM paths, GFLOP/s at Qwen2.5-0.5B MLP shapes, M = 512 (bench/quant_gemm_bench)"
+"$B/bench/quant_gemm_bench" 512 3 || fail=1
+if [ -n "${QMODEL:-}" ]; then  # a quantized GGUF (scripts/compare_llamacpp.sh step 2)
+  for q in off avx2 avxvnni avx512vnni; do
+    echo; echo "## kvboost bench model $QMODEL, KVBOOST_QUANT_GEMM=$q"
+    KVBOOST_QUANT_GEMM=$q "$B/kvboost" bench model -m "$QMODEL" --runs "$RUNS" --prefill "$PREFILL" \
+      --decode-context 1 --decode-tokens 64 --no-reuse || fail=1
+  done
+fi
 echo; echo "## Logit error of each path vs the scalar reference (bf16 paths round activations)"
 "$B/kvboost" bench logits -m "$MODEL" --tokens 64 --greedy 4 || fail=1
 exit $fail

@@ -52,7 +52,9 @@ void matmul_ref(const float* x, const void* w, WType wt, const float* bias, floa
 // int8 GEMM over 8-row panels repacked per call, with vpmaddubsw (Avx2) or 256-bit vpdpbusd
 // (AvxVnni: VEX, Avx512Vnni: EVEX with AVX512VL). The best the CPU has within active_isa()
 // (Avx512Vnni needs the Avx512 level); the environment variable KVBOOST_QUANT_GEMM
-// (scalar|avx2|avxvnni|avx512vnni) caps it further. Scalar: active_isa() is Scalar.
+// (off|avx2|avxvnni|avx512vnni) caps it further. Scalar (named "off"): active_isa() is Scalar, or
+// KVBOOST_QUANT_GEMM=off: the earlier path (f32 dequantized panels from 64 tokens; A/B runs).
+// Q8_0 under Avx2 also keeps that path (measured faster than the GEMM's two nibble planes).
 enum class QuantGemm : uint8_t { Scalar = 0, Avx2 = 1, AvxVnni = 2, Avx512Vnni = 3 };
 QuantGemm quant_gemm_path();
 const char* quant_gemm_name(QuantGemm);

@@ -43,7 +43,7 @@ int wtype_size(WType t) {
 
 const char* quant_gemm_name(QuantGemm q) {
   switch (q) {
-    case QuantGemm::Scalar: return "scalar";
+    case QuantGemm::Scalar: return "off";
     case QuantGemm::Avx2: return "avx2";
     case QuantGemm::AvxVnni: return "avxvnni";
     case QuantGemm::Avx512Vnni: return "avx512vnni";
@@ -62,11 +62,11 @@ QuantGemm quant_gemm_path() {
   if (const char* e = std::getenv("KVBOOST_QUANT_GEMM"); e && *e) {
     const std::string v(e);
     QuantGemm cap = best;
-    if (v == "scalar") cap = QuantGemm::Scalar;
+    if (v == "off" || v == "scalar") cap = QuantGemm::Scalar;
     else if (v == "avx2") cap = QuantGemm::Avx2;
     else if (v == "avxvnni") cap = QuantGemm::AvxVnni;
     else if (v == "avx512vnni") cap = QuantGemm::Avx512Vnni;
-    else fail("KVBOOST_QUANT_GEMM='", v, "': expected scalar, avx2, avxvnni or avx512vnni");
+    else fail("KVBOOST_QUANT_GEMM='", v, "': expected off, avx2, avxvnni or avx512vnni");
     if (cap < best) best = cap;
     if (best == QuantGemm::AvxVnni && !f.avxvnni) best = QuantGemm::Avx2;  // not on this CPU
   }
@@ -81,11 +81,16 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
     // The scalar path is the same integer algorithm (not matmul_ref), so KVBOOST_ISA=scalar
     // runs what a CPU without AVX2 runs.
     if (active_isa() >= Isa::Avx2) {
-      if (M >= cpu::kQGemmMinM) {
-        switch (quant_gemm_path()) {
+      // Q8_0 on AVX2: the GEMM's two nibble planes (u = w + 128 does not fit maddubs' int16
+      // pairs) cost more than the f32 tiles over dequantized panels (0.75x vs 0.9x of bf16 at
+      // pp512, bench/quant_gemm_bench), so it keeps those; with VNNI it is one plane.
+      const QuantGemm path = quant_gemm_path();
+      if (M >= cpu::kQGemmMinM && !(wt == WType::Q8_0 && path == QuantGemm::Avx2)) {
+        switch (path) {
           case QuantGemm::Avx512Vnni: return cpu::matmul_qgemm_avx512vnni(x, w, wt, bias, y, M, N, K);
           case QuantGemm::AvxVnni: return cpu::matmul_qgemm_avxvnni(x, w, wt, bias, y, M, N, K);
-          default: return cpu::matmul_qgemm_avx2(x, w, wt, bias, y, M, N, K);
+          case QuantGemm::Avx2: return cpu::matmul_qgemm_avx2(x, w, wt, bias, y, M, N, K);
+          default: break;  // off: the tiles below (f32 dequantized panels from 64 tokens)
         }
       }
       return cpu::matmul_q_avx2(x, w, wt, bias, y, M, N, K);
