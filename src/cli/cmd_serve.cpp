@@ -29,7 +29,7 @@ struct ServeArgs {
   std::string head_quant = "auto";
   ChunkArgs chunks;
   SpecArgs spec;
-  bool quiet = false, log_requests = false;
+  bool quiet = false, log_requests = false, metrics_no_auth = false;
   int64_t ctx_size = 0;
   std::string chat_template;
   // Hostile clients (docs/reliability.md).
@@ -107,6 +107,7 @@ void run_serve(const ServeArgs& a) {
   so.keep_alive_s = a.keep_alive_s;
   so.shutdown_grace_s = a.grace_s;
   so.log_requests = a.log_requests;
+  so.metrics_no_auth = a.metrics_no_auth;
   so.max_connections = a.max_connections;
   so.max_connections_per_client = a.max_connections_per_client;
   so.header_timeout_s = a.header_timeout_s;
@@ -173,6 +174,7 @@ void add_serve(CLI::App& app) {
   a->chunks.add(c);
   a->spec.add(c);
   c->add_flag("--log-requests", a->log_requests, "One line per request on stderr");
+  c->add_flag("--metrics-no-auth", a->metrics_no_auth, "Serve GET /metrics without the API key (scrape on a private port)");
   c->add_option("--max-connections", a->max_connections,
                 "Open connections in all (at the cap the oldest idle one is closed for a new one)")
       ->capture_default_str()->check(CLI::PositiveNumber);

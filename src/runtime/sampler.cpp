@@ -21,6 +21,7 @@ SamplerConfig resolve_sampling(const SamplingParams& p, const GenerationDefaults
   c.presence_penalty = p.presence_penalty;
   c.frequency_penalty = p.frequency_penalty;
   c.seed = p.seed;
+  c.logit_bias = p.logit_bias;
   return c;
 }
 
@@ -36,6 +37,10 @@ void validate_sampling(const SamplerConfig& c) {
     fail("presence_penalty = ", c.presence_penalty, " is out of range [-2, 2]");
   if (!(c.frequency_penalty >= -2.0f && c.frequency_penalty <= 2.0f))
     fail("frequency_penalty = ", c.frequency_penalty, " is out of range [-2, 2]");
+  for (const auto& [id, b] : c.logit_bias) {
+    if (id < 0) fail("logit_bias: token id ", id, " is negative");
+    if (!(b >= -100.0f && b <= 100.0f)) fail("logit_bias[", id, "] = ", b, " is out of range [-100, 100]");
+  }
 }
 
 TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t id, int top_n) {
@@ -76,6 +81,9 @@ TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t id, int t
 Sampler::Sampler(const SamplerConfig& cfg) : cfg_(cfg), rng_(cfg.seed) { validate_sampling(cfg); }
 
 void Sampler::apply_penalties(float* logits, int64_t vocab, const std::vector<int32_t>& history, size_t n_prompt) {
+  // logit_bias first (OpenAI adds it to the raw logits); -inf (a grammar's mask) stays -inf.
+  for (const auto& [id, b] : cfg_.logit_bias)
+    if (id < vocab && logits[id] != -std::numeric_limits<float>::infinity()) logits[id] += b;
   if (cfg_.repetition_penalty != 1.0f) {
     // HF RepetitionPenaltyLogitsProcessor: each distinct seen id once; divide positive
     // logits, multiply negative ones.

@@ -127,10 +127,7 @@ void check_model(const ojson& body, const ApiContext& ctx) {
 
 // Fields shared by both endpoints: sampling, stop, n, stream, extensions.
 void parse_common(const ojson& body, const ApiContext& ctx, ParsedRequest& p) {
-  if (auto n = get_int(body, "n", 1, INT64_MAX); n && *n != 1)
-    bad("only n = 1 is supported (got " + std::to_string(*n) + ")", "n", "unsupported_value");
-  if (auto n = get_int(body, "best_of", 1, INT64_MAX); n && *n != 1)
-    bad("only best_of = 1 is supported", "best_of", "unsupported_value");
+  parse_n_and_bias(body, ctx, p);  // n, best_of, logit_bias (api_extra.cpp)
   SamplingParams& s = p.opt.sampling;
   if (auto t = get_number(body, "temperature", 0.0, 2.0)) s.temperature = float(*t);
   if (auto t = get_number(body, "top_p", 0.0, 1.0)) {
@@ -218,13 +215,11 @@ void parse_common(const ojson& body, const ApiContext& ctx, ParsedRequest& p) {
     if (auto n = get_int(*sp, "ngram", 1, 16)) p.opt.speculative.ngram = int(*n);
   }
   // Features this server does not implement: a clear 400 rather than a silently different answer.
-  if (const ojson* v = field(body, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
-    bad("'suffix' is not supported", "suffix", "unsupported_parameter");
+  if (const ojson* v = field(body, "suffix"); v && p.chat && !(v->is_string() && v->get<std::string>().empty()))
+    bad("'suffix' (fill-in-the-middle) is supported on /v1/completions only", "suffix", "unsupported_parameter");
   if (const ojson* v = field(body, "tools"); v && !p.chat && !(v->is_array() && v->empty()))
     bad("'tools' (function calling) is supported on /v1/chat/completions only", "tools", "unsupported_parameter");
   parse_structured(body, ctx, p);  // response_format, guided_*, grammar, json_schema (api_structured.cpp)
-  if (const ojson* v = field(body, "logit_bias"); v && !(v->is_object() && v->empty()))
-    bad("'logit_bias' is not supported", "logit_bias", "unsupported_parameter");
   (void)ctx;
 }
 
@@ -321,9 +316,31 @@ ParsedRequest parse_completion(const ojson& body, const ApiContext& ctx) {
       if (prompt->empty()) bad("'prompt' is an empty list", "prompt", "empty_prompt");
       const ojson& first = (*prompt)[0];
       if (first.is_string() || first.is_array()) {
-        if (prompt->size() != 1)
-          bad("'prompt' holds " + std::to_string(prompt->size()) + " prompts; only one per request is supported", "prompt",
-              "unsupported_value");
+        // A prompt list: prompts 2.. go to more_prompt_ids (one choice each, index in order).
+        if (prompt->size() > 1) {
+          if (!segments.empty()) bad("'segments' cannot be combined with a list of prompts", "segments", "invalid_value");
+          if (field(body, "suffix")) bad("'suffix' cannot be combined with a list of prompts", "suffix", "invalid_value");
+          if (int64_t(prompt->size()) * p.n > 64)
+            bad("'prompt' holds " + std::to_string(prompt->size()) + " prompts and n = " + std::to_string(p.n) +
+                    ": at most 64 choices per request",
+                "prompt", "invalid_value");
+          for (size_t i = 1; i < prompt->size(); ++i) {
+            const ojson& x = (*prompt)[i];
+            std::vector<int32_t> ids;
+            if (x.is_string()) {
+              ids = encode(ctx, x.get<std::string>(), true, "prompt");
+              p.more_prompt_texts.push_back(x.get<std::string>());
+            } else if (x.is_array()) {
+              check_token_ids(x, ctx, ids);
+              p.more_prompt_texts.push_back(ctx.tok->decode(ids, false));
+            } else {
+              bad("'prompt' lists must hold strings or token-id lists, found " + std::string(type_name(x)) + " at index " +
+                      std::to_string(i),
+                  "prompt", "invalid_type");
+            }
+            p.more_prompt_ids.push_back(std::move(ids));
+          }
+        }
         if (first.is_string()) {
           p.prompt_text = first.get<std::string>();
         } else {
@@ -342,7 +359,14 @@ ParsedRequest parse_completion(const ojson& body, const ApiContext& ctx) {
     bad("'prompt' is required", "prompt", "missing_required_parameter");
   }
   if (prompt_given_as_ids && !segments.empty()) bad("'segments' cannot be combined with a token-id prompt", "segments", "invalid_value");
-  if (segments.empty()) {
+  const ojson* suffix = field(body, "suffix");
+  if (suffix && !suffix->is_string()) bad("'suffix' must be a string", "suffix", "invalid_type");
+  if (suffix && !suffix->get<std::string>().empty()) {
+    // FIM: prefix-suffix-middle with the model's sentinels (400 naming suffix without them).
+    if (!segments.empty()) bad("'suffix' cannot be combined with 'segments'", "suffix", "invalid_value");
+    if (prompt_given_as_ids) p.prompt_text = ctx.tok->decode(prompt_ids, false);
+    p.prompt_ids = fim_prompt(ctx, p.prompt_text, suffix->get<std::string>());
+  } else if (segments.empty()) {
     p.prompt_ids = prompt_given_as_ids ? prompt_ids : encode(ctx, p.prompt_text, true, "prompt");
     if (prompt_given_as_ids) p.prompt_text = ctx.tok->decode(prompt_ids, false);
   } else {
@@ -359,6 +383,16 @@ ParsedRequest parse_completion(const ojson& body, const ApiContext& ctx) {
     p.prompt_text = all;
   }
   set_max_tokens(body, ctx, p, 16, "prompt");  // OpenAI's default for completions
+  if (!p.more_prompt_ids.empty()) {  // every prompt of a list is checked; the tightest room wins
+    int max_new = p.opt.max_new_tokens;
+    for (std::vector<int32_t>& ids : p.more_prompt_ids) {
+      std::swap(p.prompt_ids, ids);
+      set_max_tokens(body, ctx, p, 16, "prompt");
+      std::swap(p.prompt_ids, ids);
+      max_new = std::min(max_new, p.opt.max_new_tokens);
+    }
+    p.opt.max_new_tokens = max_new;
+  }
   return p;
 }
 
@@ -483,6 +517,7 @@ ParsedRequest parse_warm(const ojson& body, const ApiContext& ctx) {
   b.erase("stream");
   b["max_tokens"] = 1;
   ParsedRequest p = field(body, "messages") ? parse_chat(b, ctx) : parse_completion(b, ctx);
+  if (p.n != 1 || !p.more_prompt_ids.empty()) bad("/v1/warm takes one prompt and n = 1", "n", "unsupported_value");
   // As Engine::warm: greedy, one token, the computed chunks pinned in the chunk store's RAM tier.
   p.opt.sampling.temperature = 0.0f;
   p.opt.stop.clear();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -49,7 +50,32 @@ struct ParsedRequest {
   // Tools (chat): parse the output's tool calls (<tool_call>{json}</tool_call>, Hermes/Qwen) into
   // OpenAI tool_calls; tool_choice "none" renders the tools but leaves the text alone.
   bool parse_tools = false;
+  // n choices per prompt (n; best_of must equal it), and a prompt list in /v1/completions (the
+  // first prompt in prompt_ids/prompt_text, the rest here): every choice is its own engine request,
+  // submitted together so that the engine's prefix cache gives choices 2..n the first one's
+  // prompt blocks; choice index = prompt * n + i, seed = seed + index (api_extra.cpp).
+  int n = 1;
+  std::vector<std::vector<int32_t>> more_prompt_ids;
+  std::vector<std::string> more_prompt_texts;
 };
+
+// api_extra.cpp: n / best_of / logit_bias (400 naming the field when out of range).
+void parse_n_and_bias(const ojson& body, const ApiContext& ctx, ParsedRequest& p);
+// FIM (`suffix` on /v1/completions): the model's fill-in-the-middle sentinels, found in the
+// vocabulary (Qwen2.5-Coder <|fim_prefix|> <|fim_suffix|> <|fim_middle|>, CodeLlama <PRE> <SUF>
+// <MID>); the prompt in prefix-suffix-middle order. 400 naming `suffix` for a model without them.
+struct FimTokens {
+  int32_t prefix = -1, suffix = -1, middle = -1;
+  bool codellama = false;
+};
+std::optional<FimTokens> find_fim_tokens(const Tokenizer& tok);
+std::vector<int32_t> fim_prompt(const ApiContext& ctx, const std::string& prefix, const std::string& suffix);
+// POST /tokenize (llama.cpp: content, add_special, with_pieces; vLLM: prompt, add_special_tokens,
+// return_token_strs) and POST /detokenize (tokens): the response bodies.
+ojson tokenize_json(const ojson& body, const ApiContext& ctx);
+ojson detokenize_json(const ojson& body, const ApiContext& ctx);
+// POST /v1/embeddings: the 501 every request gets, saying why.
+ApiError embeddings_error();
 
 // api_structured.cpp: response_format, guided_json/regex/choice/grammar, grammar, json_schema
 // (sets p.opt.grammar; 400 naming the field or the unsupported schema feature).

@@ -30,6 +30,7 @@
 #include "api.h"
 #include "kvboost/chat.h"
 #include "http.h"
+#include "metrics.h"
 
 namespace kvboost {
 
@@ -103,6 +104,22 @@ struct RateWindow {
   }
 };
 
+// What the request log line (--log-requests) reports about the request this handler thread
+// answered: the last status counted, and the engine's token counts and TTFT (generation only).
+struct LogInfo {
+  int status = 0;
+  int64_t prompt = 0, cached = 0, completion = 0;
+  double ttft_ms = 0;
+};
+thread_local LogInfo t_log;
+
+void log_result(const GenerateResult& r) {
+  t_log.prompt += r.n_prompt();
+  t_log.cached += std::max<int64_t>(0, std::max(r.n_cached, r.n_reused - r.n_recomputed));
+  t_log.completion += int64_t(r.output_ids.size());
+  if (t_log.ttft_ms == 0) t_log.ttft_ms = r.ttft_ms;
+}
+
 }  // namespace
 
 struct Server::Impl {
@@ -134,6 +151,7 @@ struct Server::Impl {
   double ttft_sum_s = 0, queue_sum_s = 0, e2e_sum_s = 0;
   int64_t n_steps = 0, step_decode_tokens = 0, step_prefill_tokens = 0;
   RateWindow window;
+  server::VllmMetrics vllm;  // kvboost:* (vLLM's names), metrics.cpp
 
   Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)) {}
 
@@ -146,6 +164,7 @@ struct Server::Impl {
   }
 
   void count(const std::string& endpoint, int status) {
+    t_log.status = status;
     std::lock_guard<std::mutex> l(stats_mu);
     ++responses[{endpoint, status}];
   }
@@ -216,6 +235,7 @@ struct Server::Impl {
         queue_sum_s += r.queue_ms / 1000;
         e2e_sum_s += r.total_ms / 1000;
       }
+      vllm.observe(r);
       in_flight.fetch_sub(1);
       {
         std::lock_guard<std::mutex> l(a.ch->mu);
@@ -295,6 +315,7 @@ struct Server::Impl {
       return;
     }
     const double t_arrival = now_ms();
+    t_log = LogInfo{};
     const std::string& path = r.path;
     std::string endpoint = path;
     try {
@@ -310,7 +331,8 @@ struct Server::Impl {
         const char* method;
       };
       static const Route routes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/warm", "POST"},
-                                     {"/v1/models", "GET"},       {"/v1/stats", "GET"},             {"/metrics", "GET"}};
+                                     {"/v1/models", "GET"},       {"/v1/stats", "GET"},             {"/metrics", "GET"},
+                                     {"/tokenize", "POST"},       {"/detokenize", "POST"},          {"/v1/embeddings", "POST"}};
       const Route* route = nullptr;
       for (const Route& rt : routes)
         if (path == rt.path) route = &rt;
@@ -323,7 +345,8 @@ struct Server::Impl {
       const char* method = route ? route->method : "GET";
       if (r.method != method)
         throw ApiError(405, std::string("use ") + method + " " + path + " (got " + r.method + ")", "", "method_not_allowed");
-      const std::string tenant = authenticate(r);
+      // --metrics-no-auth: /metrics without the API key (for a scraper on a private port).
+      const std::string tenant = path == "/metrics" && opt.metrics_no_auth ? "anon" : authenticate(r);
       if (path == "/v1/models") {
         ojson list;
         list["object"] = "list";
@@ -335,6 +358,11 @@ struct Server::Impl {
         send_json(c, endpoint, 200, model_object());
       } else if (path == "/v1/stats") {
         send_json(c, endpoint, 200, stats_json());
+      } else if (path == "/tokenize" || path == "/detokenize") {
+        const ojson body = server::parse_body(r.body);
+        send_json(c, endpoint, 200, path == "/tokenize" ? server::tokenize_json(body, ctx) : server::detokenize_json(body, ctx));
+      } else if (path == "/v1/embeddings") {
+        throw server::embeddings_error();
       } else if (path == "/metrics") {
         c.send_response(200, "text/plain; version=0.0.4; charset=utf-8", metrics_text());
         count(endpoint, 200);
@@ -351,7 +379,10 @@ struct Server::Impl {
       send_error(c, endpoint, ApiError(500, std::string("internal error: ") + e.what(), "", "internal_error"));
     }
     if (opt.log_requests)
-      std::fprintf(stderr, "kvboost serve: %s %s %.1f ms\n", r.method.c_str(), path.c_str(), now_ms() - t_arrival);
+      std::fprintf(stderr, "%s\n",
+                   server::request_log_line(r.method, endpoint, t_log.status, t_log.prompt, t_log.cached, t_log.completion,
+                                            t_log.ttft_ms, now_ms() - t_arrival)
+                       .c_str());
   }
 
   ojson model_object() const {
@@ -382,6 +413,7 @@ struct Server::Impl {
                          "", "pinned_budget_exceeded");
       }
     }
+    if (p.n > 1 || !p.more_prompt_ids.empty()) return generate_multi(c, endpoint, p, tenant, t_arrival);
     // Admission control: running (max_batch) + waiting (max_queue) requests at most.
     const int64_t limit = engine.options().max_batch + opt.max_queue;
     if (in_flight.fetch_add(1) >= limit) {
@@ -495,6 +527,7 @@ struct Server::Impl {
     GenerateResult res;
     if (!cancel_why) {
       res = req->result();
+      log_result(res);
       if (res.finish_reason == "cancelled") cancel_why = "shutdown";  // cancelled by stop()
     }
     if (cancel_why) {
@@ -577,6 +610,9 @@ struct Server::Impl {
   }
 
   bool send_event(HttpConn& c, const ojson& j) { return c.send_chunk("data: " + json_text(j) + "\n\n"); }
+
+  void generate_multi(HttpConn& c, const std::string& endpoint, server::ParsedRequest& p, const std::string& tenant,
+                      double t_arrival);
 
   // ---- statistics ------------------------------------------------------------------------------
 
@@ -755,6 +791,8 @@ struct Server::Impl {
     }
     metric("kvboost_process_resident_memory_bytes", "gauge", "Resident set size of the server process.");
     o << "kvboost_process_resident_memory_bytes " << process_rss_bytes() << '\n';
+    const kv::ChunkStats cstats = engine.chunk_store() ? engine.chunk_store()->stats() : kv::ChunkStats{};
+    o << vllm.text(ctx.model_name, kv, engine.chunk_store() ? &cstats : nullptr, n_running.load(), n_waiting.load());
     return o.str();
   }
 };
@@ -865,5 +903,7 @@ void Server::stop() {
   s.sched_cv.notify_one();
   if (s.sched_thread.joinable()) s.sched_thread.join();
 }
+
+#include "server_multi.inc"
 
 }  // namespace kvboost

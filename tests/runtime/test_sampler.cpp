@@ -1,5 +1,6 @@
 // Sampler and stop strings, without a model.
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "kvboost/runtime.h"
@@ -118,4 +119,23 @@ TEST(StopMatcher, HoldsBackPrefixesAndCutsAtStop) {
   EXPECT_EQ(n.flush(), "a");  // end of generation releases what was held
   StopMatcher none({});
   EXPECT_EQ(none.push("abc"), "abc");
+}
+
+TEST(Sampler, LogitBiasForcesAndBansTokens) {
+  // +100 on id 3 beats the argmax (greedy and sampled); -100 on the argmax removes it; a masked
+  // (-inf) token stays masked whatever its bias.
+  SamplerConfig c = cfg(0);
+  c.logit_bias = {{3, 100.0f}};
+  std::vector<float> l = {0.1f, 2.0f, 1.9f, -5};
+  EXPECT_EQ(Sampler(c).sample(l.data(), 4, {}), 3);
+  c = cfg(1.0f);
+  c.logit_bias = {{1, -100.0f}, {2, -100.0f}};
+  auto h = histogram(c, {0.1f, 5.0f, 4.9f, 0.0f}, 200);
+  EXPECT_EQ(h.count(1) + h.count(2), 0u);
+  c = cfg(0);
+  c.logit_bias = {{0, 100.0f}};
+  std::vector<float> m = {-std::numeric_limits<float>::infinity(), 1.0f, 0.5f};
+  EXPECT_EQ(Sampler(c).sample(m.data(), 3, {}), 1);
+  c.logit_bias = {{0, 101.0f}};
+  EXPECT_THROW(Sampler{c}, Error);
 }

@@ -142,7 +142,7 @@ def main():
 
         expect(openai.BadRequestError, lambda: client.completions.create(model="tiny", prompt="x", temperature=5),
                "temperature out of range")
-        expect(openai.BadRequestError, lambda: client.completions.create(model="tiny", prompt="x", n=2), "n = 2")
+        expect(openai.BadRequestError, lambda: client.completions.create(model="tiny", prompt="x", n=0), "n = 0")
         expect(openai.BadRequestError, lambda: client.chat.completions.create(model="tiny", messages=[]),
                "empty messages")
         expect(openai.BadRequestError,
