@@ -251,6 +251,10 @@ struct SpecOptions {
   int draft_tokens = 8;        // most tokens drafted per step (the adaptive length's ceiling)
   int lookup_ngram = 3;        // kLookup: longest n-gram matched (shorter ones down to 1 after)
   bool adaptive = true;        // draft length from the running acceptance rate
+  // Sampled requests (temperature > 0) speculate only when this is set or the request names a
+  // mode itself: their draws then depend on the draft length (which adapts to measured timings),
+  // so a seed would no longer reproduce them. Greedy output is the same either way.
+  bool sampled = false;
   // Continuous batching: no speculation in a step with more decoding requests than this (a
   // batch that large is no longer bandwidth-bound; docs/speculative.md has the measurement).
   int64_t max_batch = 4;

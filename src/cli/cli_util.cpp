@@ -208,6 +208,7 @@ void SpecArgs::add(CLI::App* c) {
 void SpecArgs::apply(EngineOptions& eo) const {
   eo.spec.draft_model = draft_model;
   eo.spec.mode = !mode.empty() ? parse_spec_mode(mode) : draft_model.empty() ? SpecMode::kLookup : SpecMode::kDraft;
+  eo.spec.sampled = !mode.empty() || !draft_model.empty();  // asked for: sampled requests speculate too
   eo.spec.draft_tokens = draft_tokens;
   eo.spec.lookup_ngram = ngram;
   eo.spec.max_batch = max_batch;

@@ -240,6 +240,8 @@ void Engine::spec_setup(Request::State& r) {
     fail("speculative mode \"draft\" needs a draft model (EngineOptions::spec.draft_model, --draft-model DIR)");
   // Teacher forcing and the cold tier (one sequence, pages moving mid-pass) decode plainly.
   if (sp.k_max == 0 || !r.opt.forced_output.empty() || cold_) sp.mode = SpecMode::kOff;
+  // A seeded sampled request must reproduce: by default only greedy requests speculate.
+  if (r.sampler.config().temperature > 0 && !r.opt.speculative.mode && !so.sampled) sp.mode = SpecMode::kOff;
   if (sp.mode == SpecMode::kOff) return;
   if (sp.mode == SpecMode::kDraft && r.sampler.config().temperature > 0) {
     SamplerConfig dc = r.sampler.config();
