@@ -50,7 +50,12 @@ int main(int argc, char** argv) {
   std::printf("M = %lld, %d threads, isa %s, best quantized GEMM %s; GFLOP/s (min time of %d rounds)\n",
               (long long)M, num_threads(), isa_name(active_isa()), quant_gemm_name(quant_gemm_path()), rounds);
   std::vector<std::string> paths = {"off", "avx2"};
-  if (quant_gemm_path() >= QuantGemm::AvxVnni) paths.push_back(quant_gemm_name(quant_gemm_path()));
+  // Every VNNI / AMX path this CPU runs (each capped in turn: an AMX host also shows avx512vnni).
+  for (const char* q : {"avxvnni", "avx512vnni", "amxint8"}) {
+    ::setenv("KVBOOST_QUANT_GEMM", q, 1);
+    if (std::string(quant_gemm_name(quant_gemm_path())) == q) paths.push_back(q);
+  }
+  ::unsetenv("KVBOOST_QUANT_GEMM");
   struct Shape { int64_t N, K; const char* name; };
   const Shape shapes[] = {{4864, 896, "gate/up"}, {896, 4864, "down"}};
   std::printf("| shape | type | bf16 packed |");

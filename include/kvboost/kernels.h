@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 
 namespace kvboost {
 enum class Isa;  // kvboost/common.h
@@ -49,15 +50,31 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
 void matmul_ref(const float* x, const void* w, WType wt, const float* bias, float* y,
                 int64_t M, int64_t N, int64_t K);
 // The kernel matmul runs for quantized weights from 16 tokens on (prefill), docs/kernels-vnni.md:
-// int8 GEMM over 8-row panels repacked per call, with vpmaddubsw (Avx2) or 256-bit vpdpbusd
-// (AvxVnni: VEX, Avx512Vnni: EVEX with AVX512VL). The best the CPU has within active_isa()
-// (Avx512Vnni needs the Avx512 level); the environment variable KVBOOST_QUANT_GEMM
-// (off|avx2|avxvnni|avx512vnni) caps it further. Scalar (named "off"): active_isa() is Scalar, or
-// KVBOOST_QUANT_GEMM=off: the earlier path (f32 dequantized panels from 64 tokens; A/B runs).
+// an int8 GEMM over panels repacked per call: 8-row panels with vpmaddubsw (Avx2) or 256-bit
+// VEX vpdpbusd (AvxVnni); 16-row panels with 512-bit vpdpbusd (Avx512Vnni, needs the Avx512
+// level) or AMX-INT8 tdpbusd tiles (AmxInt8, needs the AMX level). The best the CPU has, capped
+// by the kernel path (KVBOOST_ISA / set_kernel_path) and by the environment variable
+// KVBOOST_QUANT_GEMM (off|avx2|avxvnni|avx512vnni|amxint8). Scalar (named "off"): active_isa() is
+// Scalar, or KVBOOST_QUANT_GEMM=off: the earlier path (f32 dequantized panels from 64 tokens).
 // Q8_0 under Avx2 also keeps that path (measured faster than the GEMM's two nibble planes).
-enum class QuantGemm : uint8_t { Scalar = 0, Avx2 = 1, AvxVnni = 2, Avx512Vnni = 3 };
+enum class QuantGemm : uint8_t { Scalar = 0, Avx2 = 1, AvxVnni = 2, Avx512Vnni = 3, AmxInt8 = 4 };
 QuantGemm quant_gemm_path();
 const char* quant_gemm_name(QuantGemm);
+
+// Kernel paths: one KVBOOST_ISA / --isa value names both the float level (Isa) and the highest
+// quantized GEMM (QuantGemm) to use; each is clamped to what the CPU and OS give:
+//   scalar                        Scalar      off
+//   avx2                          Avx2        avx2 (no VNNI, even where the CPU has AVX-VNNI)
+//   avxvnni                       Avx2        avxvnni
+//   avx512, avx512vnni            Avx512      avx512vnni
+//   avx512bf16                    Avx512Bf16  avx512vnni
+//   amx, amxbf16, amxint8         AmxBf16     amxint8
+// (plus the spellings amx-bf16, amx_bf16, amx-int8, amx_int8, avx512-bf16, avx512_bf16).
+bool parse_kernel_path(std::string_view s, Isa& isa, QuantGemm& quant);
+// Sets both (the --isa flag of the benchmarks); throws Error naming the value if unknown.
+void set_kernel_path(std::string_view s);
+// The spellings parse_kernel_path accepts, for error messages and --help.
+const char* kernel_path_names();
 
 // ---- weights repacked for the matmul micro-kernels (done once, at load) ----
 // Layout: panels of 16 output features; panel p holds w[16p .. 16p + 16) as [K][16] (k-major),

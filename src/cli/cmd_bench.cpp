@@ -298,9 +298,9 @@ void run_model(const ModelArgs& a) {
   std::printf("## %s (%s, %lld layers, hidden %lld, %s head, %.0f MB of weights read per decoded token)\n\n",
               dir.c_str(), c.model_type.c_str(), (long long)c.n_layers, (long long)c.hidden_size,
               kernels::wtype_name(m.lm_head().type), decode_bytes / 1e6);
-  std::printf("path %s, %d threads, weights %s; roofline: read bandwidth %.1f GB/s, GEMM peak %.1f GFLOP/s; "
-              "medians of %d runs\n\n",
-              isa_name(active_isa()), num_threads(), m.n_packed() ? "packed at load" : "as stored", rl.bw_all,
+  std::printf("path %s (quantized GEMM %s), %d threads, weights %s; roofline: read bandwidth %.1f GB/s, GEMM peak "
+              "%.1f GFLOP/s; medians of %d runs\n\n",
+              isa_name(active_isa()), kernels::quant_gemm_name(kernels::quant_gemm_path()), num_threads(), m.n_packed() ? "packed at load" : "as stored", rl.bw_all,
               rl.gemm_peak, a.runs);
   std::printf("| what | tokens/s | time | fraction of roofline |\n|---|---|---|---|\n");
   std::fflush(stdout);
@@ -453,8 +453,10 @@ void apply_common(int threads, const std::string& isa) {
   if (threads > 0) set_num_threads(threads);
   if (!isa.empty()) {
     Isa want;
-    if (!parse_isa(isa, want)) fail("--isa: unknown path '", isa, "' (scalar, avx2, avx512, avx512bf16, amx)");
-    set_active_isa(want);  // clamped to what the CPU and OS support
+    kernels::QuantGemm quant;
+    if (!kernels::parse_kernel_path(isa, want, quant))
+      fail("--isa: unknown path '", isa, "' (", kernels::kernel_path_names(), ")");
+    kernels::set_kernel_path(isa);  // float level and quantized GEMM, clamped to what the CPU and OS support
   }
 }
 
@@ -471,7 +473,7 @@ CLI::App* add_bench(CLI::App& app) {
   auto common = std::make_shared<Common>();
   auto add_common = [common](CLI::App* c) {
     c->add_option("--threads", common->threads, "Threads (default: all cores)");
-    c->add_option("--isa", common->isa, "Kernel path: scalar, avx2, avx512, avx512bf16, amx (default: KVBOOST_ISA or the best the CPU has; clamped to it)");
+    c->add_option("--isa", common->isa, "Kernel path: scalar, avx2, avxvnni, avx512 (= avx512vnni), avx512bf16, amx (= amxint8) (default: KVBOOST_ISA or the best the CPU has; clamped to it)");
   };
 
   CLI::App* roof = bench->add_subcommand("roofline", "Read bandwidth (1 and all threads) and peak GEMM GFLOP/s of each kernel path");

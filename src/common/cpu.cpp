@@ -104,10 +104,12 @@ const char* isa_name(Isa isa) {
 
 bool parse_isa(std::string_view s, Isa& out) {
   if (s == "scalar") out = Isa::Scalar;
-  else if (s == "avx2") out = Isa::Avx2;
-  else if (s == "avx512") out = Isa::Avx512;
+  else if (s == "avx2" || s == "avxvnni" || s == "avx-vnni" || s == "avx_vnni") out = Isa::Avx2;
+  else if (s == "avx512" || s == "avx512vnni" || s == "avx512-vnni" || s == "avx512_vnni") out = Isa::Avx512;
   else if (s == "avx512bf16" || s == "avx512-bf16" || s == "avx512_bf16") out = Isa::Avx512Bf16;
-  else if (s == "amx" || s == "amx-bf16" || s == "amxbf16" || s == "amx_bf16") out = Isa::AmxBf16;
+  else if (s == "amx" || s == "amx-bf16" || s == "amxbf16" || s == "amx_bf16" || s == "amxint8" ||
+           s == "amx-int8" || s == "amx_int8")
+    out = Isa::AmxBf16;
   else return false;
   return true;
 }

@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -47,30 +48,77 @@ const char* quant_gemm_name(QuantGemm q) {
     case QuantGemm::Avx2: return "avx2";
     case QuantGemm::AvxVnni: return "avxvnni";
     case QuantGemm::Avx512Vnni: return "avx512vnni";
+    case QuantGemm::AmxInt8: return "amxint8";
   }
   return "?";
+}
+
+const char* kernel_path_names() {
+  return "scalar, avx2, avxvnni, avx512, avx512vnni, avx512bf16, amx (= amxbf16), amxint8";
+}
+
+bool parse_kernel_path(std::string_view s, Isa& isa, QuantGemm& quant) {
+  if (s == "scalar") isa = Isa::Scalar, quant = QuantGemm::Scalar;
+  else if (s == "avx2") isa = Isa::Avx2, quant = QuantGemm::Avx2;
+  else if (s == "avxvnni" || s == "avx-vnni" || s == "avx_vnni") isa = Isa::Avx2, quant = QuantGemm::AvxVnni;
+  else if (s == "avx512" || s == "avx512vnni" || s == "avx512-vnni" || s == "avx512_vnni")
+    isa = Isa::Avx512, quant = QuantGemm::Avx512Vnni;
+  else if (s == "avx512bf16" || s == "avx512-bf16" || s == "avx512_bf16") isa = Isa::Avx512Bf16, quant = QuantGemm::Avx512Vnni;
+  else if (s == "amx" || s == "amxbf16" || s == "amx-bf16" || s == "amx_bf16" || s == "amxint8" || s == "amx-int8" ||
+           s == "amx_int8")
+    isa = Isa::AmxBf16, quant = QuantGemm::AmxInt8;
+  else return false;
+  return true;
+}
+
+namespace {
+// The quantized-GEMM cap of the kernel path: -1 until first read (then KVBOOST_ISA's, or none).
+std::atomic<int> g_quant_cap{-1};
+
+QuantGemm kernel_path_quant_cap() {
+  int v = g_quant_cap.load(std::memory_order_relaxed);
+  if (v < 0) {
+    Isa isa = Isa::AmxBf16;
+    QuantGemm q = QuantGemm::AmxInt8;
+    if (const char* e = std::getenv("KVBOOST_ISA"); e && *e) (void)parse_kernel_path(e, isa, q);
+    v = int(q);
+    g_quant_cap.store(v, std::memory_order_relaxed);
+  }
+  return QuantGemm(v);
+}
+}  // namespace
+
+void set_kernel_path(std::string_view s) {
+  Isa isa;
+  QuantGemm q;
+  if (!parse_kernel_path(s, isa, q)) fail("kernel path '", s, "' is unknown: expected one of ", kernel_path_names());
+  set_active_isa(isa);  // clamped to what the CPU and OS support
+  g_quant_cap.store(int(q), std::memory_order_relaxed);
 }
 
 QuantGemm quant_gemm_path() {
   const Isa isa = active_isa();
   if (isa < Isa::Avx2) return QuantGemm::Scalar;
   const CpuFeatures& f = cpu_features();
-  QuantGemm best = QuantGemm::Avx2;
-  if (f.avxvnni) best = QuantGemm::AvxVnni;
-  if (isa >= Isa::Avx512 && f.avx512vnni) best = QuantGemm::Avx512Vnni;
+  // What this CPU runs, within the active float level.
+  bool have[5] = {true, true, f.avxvnni, isa >= Isa::Avx512 && f.avx512vnni && f.avx512bw && f.avx512vl,
+                  isa >= Isa::AmxBf16 && f.amx_tile && f.amx_int8 && f.avx512vnni};
+  QuantGemm cap = kernel_path_quant_cap();
   // KVBOOST_QUANT_GEMM caps it further (read on every call: tests and benchmarks switch it).
   if (const char* e = std::getenv("KVBOOST_QUANT_GEMM"); e && *e) {
     const std::string v(e);
-    QuantGemm cap = best;
-    if (v == "off" || v == "scalar") cap = QuantGemm::Scalar;
-    else if (v == "avx2") cap = QuantGemm::Avx2;
-    else if (v == "avxvnni") cap = QuantGemm::AvxVnni;
-    else if (v == "avx512vnni") cap = QuantGemm::Avx512Vnni;
-    else fail("KVBOOST_QUANT_GEMM='", v, "': expected off, avx2, avxvnni or avx512vnni");
-    if (cap < best) best = cap;
-    if (best == QuantGemm::AvxVnni && !f.avxvnni) best = QuantGemm::Avx2;  // not on this CPU
+    QuantGemm c;
+    if (v == "off" || v == "scalar") c = QuantGemm::Scalar;
+    else if (v == "avx2") c = QuantGemm::Avx2;
+    else if (v == "avxvnni") c = QuantGemm::AvxVnni;
+    else if (v == "avx512vnni") c = QuantGemm::Avx512Vnni;
+    else if (v == "amxint8" || v == "amx") c = QuantGemm::AmxInt8;
+    else fail("KVBOOST_QUANT_GEMM='", v, "': expected off, avx2, avxvnni, avx512vnni or amxint8");
+    if (c < cap) cap = c;
   }
-  return best;
+  for (int q = int(cap); q > 0; --q)
+    if (have[q]) return QuantGemm(q);
+  return QuantGemm::Scalar;
 }
 
 void matmul(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
@@ -87,6 +135,7 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
       const QuantGemm path = quant_gemm_path();
       if (M >= cpu::kQGemmMinM && !(wt == WType::Q8_0 && path == QuantGemm::Avx2)) {
         switch (path) {
+          case QuantGemm::AmxInt8: return cpu::matmul_qgemm_amx(x, w, wt, bias, y, M, N, K);
           case QuantGemm::Avx512Vnni: return cpu::matmul_qgemm_avx512vnni(x, w, wt, bias, y, M, N, K);
           case QuantGemm::AvxVnni: return cpu::matmul_qgemm_avxvnni(x, w, wt, bias, y, M, N, K);
           case QuantGemm::Avx2: return cpu::matmul_qgemm_avx2(x, w, wt, bias, y, M, N, K);

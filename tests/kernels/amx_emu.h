@@ -1,6 +1,7 @@
 // A scalar emulator of the AMX intrinsics the AMX-BF16 GEMM uses (src/kernels/cpu/
 // matmul_packed_avx512_impl.h), so that the same kernel source runs on CPUs without AMX:
-// _tile_loadconfig, _tile_release, _tile_zero, _tile_loadd, _tile_stored, _tile_dpbf16ps.
+// _tile_loadconfig, _tile_release, _tile_zero, _tile_loadd, _tile_stored, _tile_dpbf16ps, and
+// _tile_dpbusd for the AMX-INT8 quantized GEMM (matmul_qgemm_avx512_impl.h).
 // Semantics from the Intel SDM (LDTILECFG, TILELOADD, TILESTORED, TILEZERO, TDPBF16PS), per
 // thread as the tile state is:
 //   - LDTILECFG reads 64 bytes: palette_id (byte 0), start_row (1), bytes 2..15 reserved (0),
@@ -16,6 +17,8 @@
 //     b[k].bf16[2n+1], each in f32 (round to nearest even; the products of two bf16 are exact),
 //     bf16 denormal inputs read as zero (DAZ), f32 results flushed to zero (FTZ). The hardware's
 //     order of the additions may differ: results agree to f32 rounding, not bit for bit.
+//   - TDPBUSD dst, a, b: the same shape checks; then for m, k < a.colsb / 4, n < dst.colsb / 4:
+//     dst[m][n] (int32, wrapping) += sum over i < 4 of a[m].u8[4k + i] * b[k].s8[4n + i].
 // A fault prints "AMX emulator: #UD ..." or "#GP ..." and aborts (the hardware raises SIGILL /
 // SIGSEGV), so death tests can check that a broken kernel is caught.
 //
@@ -134,6 +137,28 @@ inline void dpbf16ps(int dst, int a, int b) {
   }
 }
 
+inline void dpbusd(int dst, int a, int b) {
+  TileState& s = use(dst, "TDPBUSD: tiles not configured");
+  use(a, "TDPBUSD: tiles not configured");
+  use(b, "TDPBUSD: tiles not configured");
+  if (s.colsb[a] % 4 || s.colsb[b] % 4 || s.colsb[dst] % 4) fault("#UD", "TDPBUSD: colsb not a multiple of 4", dst);
+  if (s.colsb[a] / 4 != s.rows[b]) fault("#UD", "TDPBUSD: a.colsb / 4 != b.rows", a);
+  if (s.colsb[dst] != s.colsb[b]) fault("#UD", "TDPBUSD: dst.colsb != b.colsb", dst);
+  if (s.rows[dst] != s.rows[a]) fault("#UD", "TDPBUSD: dst.rows != a.rows", dst);
+  for (int m = 0; m < s.rows[dst]; ++m) {
+    int32_t c[16];
+    std::memcpy(c, s.data[dst][m], 64);
+    for (int k = 0; k < s.colsb[a] / 4; ++k)
+      for (int n = 0; n < s.colsb[dst] / 4; ++n) {
+        int32_t sum = 0;
+        for (int i = 0; i < 4; ++i)
+          sum += int32_t(s.data[a][m][4 * k + i]) * int32_t(int8_t(s.data[b][k][4 * n + i]));
+        c[n] = int32_t(uint32_t(c[n]) + uint32_t(sum));
+      }
+    std::memcpy(s.data[dst][m], c, 64);
+  }
+}
+
 }  // namespace kvboost::amx_emu
 
 // The intrinsics' names, as <immintrin.h> spells them (tile numbers are plain ints here). GCC's
@@ -145,9 +170,11 @@ inline void dpbf16ps(int dst, int a, int b) {
 #undef _tile_loadd
 #undef _tile_stored
 #undef _tile_dpbf16ps
+#undef _tile_dpbusd
 #define _tile_loadconfig(mem) ::kvboost::amx_emu::loadconfig(mem)
 #define _tile_release() ::kvboost::amx_emu::release()
 #define _tile_zero(t) ::kvboost::amx_emu::zero(t)
 #define _tile_loadd(t, base, stride) ::kvboost::amx_emu::loadd((t), (base), long(stride))
 #define _tile_stored(t, base, stride) ::kvboost::amx_emu::stored((t), (base), long(stride))
 #define _tile_dpbf16ps(dst, a, b) ::kvboost::amx_emu::dpbf16ps((dst), (a), (b))
+#define _tile_dpbusd(dst, a, b) ::kvboost::amx_emu::dpbusd((dst), (a), (b))

@@ -1,5 +1,5 @@
-// The quantized prefill GEMMs (src/kernels/cpu/matmul_qgemm_impl.h: AVX2 maddubs, AVX-VNNI,
-// AVX512-VNNI) against their scalar reference cpu::matmul_q_int_ref (the same activation
+// The quantized prefill GEMMs (src/kernels/cpu/matmul_qgemm_impl.h: AVX2 maddubs, AVX-VNNI;
+// matmul_qgemm_avx512_impl.h: AVX512-VNNI 512-bit, AMX-INT8) against their scalar reference cpu::matmul_q_int_ref (the same activation
 // quantization and exact integer block dots), for every quantized weight type, on shapes with
 // tails: M around the 6- and 4-token tiles, N around the 8-row panels, K of one and several
 // blocks. Their only difference from the reference is the order of the f32 scaling and sums,
@@ -7,6 +7,8 @@
 //   - AVX2: natively (every CPU this project runs on has it);
 //   - VNNI: emulated through SIMDe (matmul_qgemm_emu.cpp) on any AVX2 CPU, and natively
 //     (Native.*) where the CPU has AVX-VNNI / AVX512-VNNI (skipped elsewhere);
+//   - AVX512-VNNI (512-bit) and AMX-INT8: emulated through SIMDe and the scalar AMX emulator
+//     (matmul_qgemm_avx512_emu.cpp), natively where the CPU has them;
 // plus the dispatch: matmul picks these from kQGemmMinM tokens, KVBOOST_QUANT_GEMM caps them.
 #include <gtest/gtest.h>
 
@@ -24,6 +26,10 @@
 namespace kvboost::kernel_test {
 void matmul_qgemm_vnni_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y,
                            int64_t M, int64_t N, int64_t K);
+void matmul_qgemm_avx512vnni_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y,
+                                 int64_t M, int64_t N, int64_t K);
+void matmul_qgemm_amx_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y, int64_t M,
+                          int64_t N, int64_t K);
 }
 
 using namespace kvboost;
@@ -127,6 +133,24 @@ TEST(QuantGemm, VnniEmulatedMatchesIntReference) {
   set_num_threads(2);
   check_kernel(matmul_qgemm_vnni_emu, "vnni (SIMDe)");
 }
+
+TEST(QuantGemm, Avx512VnniEmulatedMatchesIntReference) {
+  if (!(cpu_features().avx2 && cpu_features().fma && cpu_features().f16c)) GTEST_SKIP() << "no AVX2";
+  IsaGuard g;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    check_kernel(matmul_qgemm_avx512vnni_emu, "avx512vnni 512-bit (SIMDe)");
+  }
+}
+
+TEST(QuantGemm, AmxInt8EmulatedMatchesIntReference) {
+  if (!(cpu_features().avx2 && cpu_features().fma && cpu_features().f16c)) GTEST_SKIP() << "no AVX2";
+  IsaGuard g;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    check_kernel(matmul_qgemm_amx_emu, "amx-int8 (SIMDe + AMX emulator)");
+  }
+}
 #endif
 
 TEST(Native, AvxVnniMatchesIntReference) {
@@ -138,6 +162,65 @@ TEST(Native, Avx512VnniMatchesIntReference) {
   const CpuFeatures& f = cpu_features();
   if (!(f.avx512vnni && f.avx512vl && f.avx512bw && f.avx512f)) GTEST_SKIP() << "CPU has no AVX512-VNNI";
   check_kernel(cpu::matmul_qgemm_avx512vnni, "avx512vnni");
+}
+
+TEST(Native, AmxInt8MatchesIntReference) {
+  const CpuFeatures& f = cpu_features();
+  if (!(f.amx_tile && f.amx_int8 && f.avx512vnni && f.avx512bw && f.avx512vl)) GTEST_SKIP() << "CPU has no AMX-INT8";
+  if (!amx_request_permission()) GTEST_SKIP() << "the OS refused the AMX tile state";
+  check_kernel(cpu::matmul_qgemm_amx, "amxint8");
+}
+
+// The kernel-path spellings: each names a float level and a quantized-GEMM cap; unknown ones
+// are refused with the accepted list; set_kernel_path clamps to the CPU.
+TEST(QuantGemm, KernelPathSpellings) {
+  struct Case {
+    const char* s;
+    Isa isa;
+    QuantGemm q;
+  };
+  const Case cases[] = {{"scalar", Isa::Scalar, QuantGemm::Scalar},     {"avx2", Isa::Avx2, QuantGemm::Avx2},
+                        {"avxvnni", Isa::Avx2, QuantGemm::AvxVnni},     {"avx512", Isa::Avx512, QuantGemm::Avx512Vnni},
+                        {"avx512vnni", Isa::Avx512, QuantGemm::Avx512Vnni},
+                        {"avx512bf16", Isa::Avx512Bf16, QuantGemm::Avx512Vnni},
+                        {"amx", Isa::AmxBf16, QuantGemm::AmxInt8},      {"amxint8", Isa::AmxBf16, QuantGemm::AmxInt8},
+                        {"amx-int8", Isa::AmxBf16, QuantGemm::AmxInt8}};
+  for (const Case& c : cases) {
+    Isa isa = Isa::Scalar;
+    QuantGemm q = QuantGemm::Scalar;
+    ASSERT_TRUE(parse_kernel_path(c.s, isa, q)) << c.s;
+    EXPECT_EQ(isa, c.isa) << c.s;
+    EXPECT_EQ(q, c.q) << c.s;
+    Isa common_isa = Isa::Scalar;
+    ASSERT_TRUE(parse_isa(c.s, common_isa)) << c.s << ": KVBOOST_ISA must accept every kernel path";
+    EXPECT_EQ(common_isa, c.isa) << c.s;
+  }
+  Isa isa;
+  QuantGemm q;
+  EXPECT_FALSE(parse_kernel_path("avx1024", isa, q));
+  IsaGuard g;
+  try {
+    set_kernel_path("avx1024");
+    ADD_FAILURE() << "no error for an unknown path";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("avx1024"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("amxint8"), std::string::npos) << e.what();
+  }
+  if (active_isa() < Isa::Avx2) GTEST_SKIP() << "no AVX2";
+  set_kernel_path("avx2");  // no VNNI even where the CPU has it
+  EXPECT_EQ(quant_gemm_path(), QuantGemm::Avx2);
+  set_kernel_path("amxint8");  // clamped to the best this CPU has
+  const CpuFeatures& f = cpu_features();
+  const QuantGemm best = quant_gemm_path();
+  if (!f.avxvnni && !f.avx512vnni) {
+    EXPECT_EQ(best, QuantGemm::Avx2);
+  }
+  if (!(f.amx_tile && f.amx_int8)) {
+    EXPECT_NE(best, QuantGemm::AmxInt8);
+  }
+  set_kernel_path("scalar");
+  EXPECT_EQ(quant_gemm_path(), QuantGemm::Scalar);
+  set_kernel_path("amx");  // back to the best (IsaGuard restores the float level)
 }
 
 // Through kernels::matmul: from kQGemmMinM tokens the GEMM (within the reference's f32

@@ -93,9 +93,10 @@ void matmul_q_avx2(const float* x, const void* w, WType wt, const float* bias, f
 // reference of the prefill GEMMs below.
 void matmul_q_int_ref(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
                       int64_t N, int64_t K);
-// Quantized prefill GEMMs (matmul_qgemm_impl.h): 8-row panels repacked per call into
-// interleaved unsigned bytes, int8 activations; AVX2 (maddubs), AVX-VNNI and AVX512-VNNI+VL
-// (256-bit vpdpbusd). dispatch.cpp runs them from kQGemmMinM tokens on.
+// Quantized prefill GEMMs, panels repacked per call into interleaved bytes, int8 activations:
+// 8-row panels (matmul_qgemm_impl.h) for AVX2 (maddubs) and AVX-VNNI (256-bit vpdpbusd); 16-row
+// panels (matmul_qgemm_avx512_impl.h) for AVX512-VNNI (512-bit vpdpbusd, masked tails) and
+// AMX-INT8 (tdpbusd tiles). dispatch.cpp runs them from kQGemmMinM tokens on.
 constexpr int64_t kQGemmMinM = 16;
 void matmul_qgemm_avx2(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
                        int64_t N, int64_t K);
@@ -103,6 +104,8 @@ void matmul_qgemm_avxvnni(const float* x, const void* w, WType wt, const float* 
                           int64_t N, int64_t K);
 void matmul_qgemm_avx512vnni(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
                              int64_t N, int64_t K);
+void matmul_qgemm_amx(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
+                      int64_t N, int64_t K);
 // n elements (whole blocks) of a quantized row to f32: dispatching (fast) and scalar reference.
 void dequantize_wrow(const void* src, WType wt, float* dst, int64_t n);
 void dequantize_wrow_ref(const void* src, WType wt, float* dst, int64_t n);
