@@ -1,10 +1,19 @@
-// Included by server.cpp (inside namespace kvboost): n > 1 and prompt lists.
+// n > 1 and prompt lists.
 //
 // One engine request per choice, all submitted together: the engine groups requests that share a
 // block of prompt prefix behind the one still in its prefill (Engine::step's admission), so
 // choices 2..n of a prompt wait for choice 1's committed blocks and reuse them from the prefix
 // cache instead of prefilling again (their usage shows them as cached). Choice index = prompt *
 // n + i; each choice samples with seed + index. Streamed chunks carry their choice's index.
+
+#include "server_impl.h"
+
+#include <chrono>
+#include <optional>
+
+namespace kvboost {
+
+using namespace server_detail;
 
 void Server::Impl::generate_multi(HttpConn& c, const std::string& endpoint, server::ParsedRequest& p,
                                   const std::string& tenant, double t_arrival) {
@@ -218,3 +227,5 @@ void Server::Impl::generate_multi(HttpConn& c, const std::string& endpoint, serv
   body.erase("kvboost");
   send_json(c, endpoint, 200, body);
 }
+
+}  // namespace kvboost
