@@ -212,7 +212,7 @@ ojson completion_body(const std::string& id, int64_t created, const std::string&
     msg["role"] = "assistant";
     msg["content"] = r.text;
     if (p.parse_tools) {
-      ToolCallSplit tc = split_tool_calls(r.text);
+      ToolCallSplit tc = split_tool_calls(r.text, p.tool_syntax);
       if (!tc.tool_calls.empty()) {
         msg["content"] = tc.content.empty() ? ojson(nullptr) : ojson(tc.content);
         msg["tool_calls"] = tc.tool_calls;

@@ -87,7 +87,7 @@ void Server::Impl::generate(HttpConn& c, const std::string& endpoint, server::Pa
   std::vector<TokenLogprob> lps;  // streamed logprobs waiting for their text
   size_t text_offset = 0;
   std::optional<server::ToolCallStream> tools;  // chat with tools: content / tool_calls deltas
-  if (p.chat && p.parse_tools) tools.emplace();
+  if (p.chat && p.parse_tools) tools.emplace(p.tool_syntax);
   for (;;) {
     std::string piece;
     bool done;

@@ -57,7 +57,7 @@ void Server::Impl::generate_multi(HttpConn& c, const std::string& endpoint, serv
       q->cv.notify_all();
       return true;
     };
-    if (p.chat && p.parse_tools) ch.tools.emplace();
+    if (p.chat && p.parse_tools) ch.tools.emplace(p.tool_syntax);
     try {
       ch.req = engine.submit(*prompts[ch.prompt].first, o);
     } catch (const Error& e) {
@@ -213,6 +213,7 @@ void Server::Impl::generate_multi(HttpConn& c, const std::string& endpoint, serv
     pi.chat = p.chat;
     pi.echo = p.echo;
     pi.parse_tools = p.parse_tools;
+    pi.tool_syntax = p.tool_syntax;
     pi.opt.logprobs = p.opt.logprobs;
     pi.prompt_text = *prompts[choices[idx].prompt].second;
     ojson one = server::completion_body(id, created_s, model, pi, res[idx], ctx.tok);
