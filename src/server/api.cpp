@@ -127,7 +127,8 @@ ParsedRequest parse_warm(const ojson& body, const ApiContext& ctx) {
   b.erase("stream");
   b["max_tokens"] = 1;
   ParsedRequest p = field(body, "messages") ? parse_chat(b, ctx) : parse_completion(b, ctx);
-  if (p.n != 1 || !p.more_prompt_ids.empty()) bad("/v1/warm takes one prompt and n = 1", "n", "unsupported_value");
+  if (p.n != 1 || p.best_of != 1 || !p.more_prompt_ids.empty())
+    bad("/v1/warm takes one prompt and n = best_of = 1", "n", "unsupported_value");
   // As Engine::warm: greedy, one token, the computed chunks pinned in the chunk store's RAM tier.
   p.opt.sampling.temperature = 0.0f;
   p.opt.stop.clear();

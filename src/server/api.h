@@ -58,16 +58,19 @@ struct ParsedRequest {
   // OpenAI tool_calls; tool_choice "none" renders the tools but leaves the text alone.
   bool parse_tools = false;
   ToolSyntax tool_syntax = ToolSyntax::hermes;  // the syntax parse_tools reads (from the template)
-  // n choices per prompt (n; best_of must equal it), and a prompt list in /v1/completions (the
-  // first prompt in prompt_ids/prompt_text, the rest here): every choice is its own engine request,
-  // submitted together so that the engine's prefix cache gives choices 2..n the first one's
-  // prompt blocks; choice index = prompt * n + i, seed = seed + index (api_extra.cpp).
+  // n choices per prompt, best_of candidates per prompt (>= n; the n with the highest cumulative
+  // log-probability are returned, server_multi.cpp), and a prompt list in /v1/completions (the
+  // first prompt in prompt_ids/prompt_text, the rest here): every candidate is its own engine
+  // request, submitted together so that the engine's prefix cache gives candidates 2.. the first
+  // one's prompt blocks; seed = seed + candidate index (api_extra.cpp).
   int n = 1;
+  int best_of = 1;
   std::vector<std::vector<int32_t>> more_prompt_ids;
   std::vector<std::string> more_prompt_texts;
 };
 
-// api_extra.cpp: n / best_of / logit_bias (400 naming the field when out of range).
+// api_extra.cpp: n / best_of / logit_bias (400 naming the field when out of range; best_of < n,
+// or best_of > n with stream).
 void parse_n_and_bias(const ojson& body, const ApiContext& ctx, ParsedRequest& p);
 // FIM (`suffix` on /v1/completions): the model's fill-in-the-middle sentinels, found in the
 // vocabulary (Qwen2.5-Coder <|fim_prefix|> <|fim_suffix|> <|fim_middle|>, CodeLlama <PRE> <SUF>

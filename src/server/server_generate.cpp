@@ -25,7 +25,7 @@ void Server::Impl::generate(HttpConn& c, const std::string& endpoint, server::Pa
                        "", "pinned_budget_exceeded");
     }
   }
-  if (p.n > 1 || !p.more_prompt_ids.empty()) return generate_multi(c, endpoint, p, tenant, t_arrival);
+  if (p.n > 1 || p.best_of > p.n || !p.more_prompt_ids.empty()) return generate_multi(c, endpoint, p, tenant, t_arrival);
   // Admission control: running (max_batch) + waiting (max_queue) requests at most.
   const int64_t limit = engine.options().max_batch + opt.max_queue;
   if (in_flight.fetch_add(1) >= limit) {
