@@ -112,6 +112,17 @@ class TokenVocab {
   const std::vector<Node>& nodes() const { return nodes_; }
   const std::vector<uint8_t>& edge_bytes() const { return edge_bytes_; }  // per node (its incoming byte)
   const std::vector<int32_t>& token_ids() const { return token_ids_; }
+  // State-independent classes, per node: the bytes below it (of its subtree's tokens, after the
+  // node's own prefix) as an ASCII bitmap plus whether any is non-ASCII, and its subtree's tokens
+  // as the range [lo, hi) of sorted_ids() (tokens in byte order). A mask walk that reaches a node
+  // in a state that every byte below maps back to itself accepts the whole range at once.
+  struct Below {
+    uint64_t ascii[2] = {0, 0};
+    uint32_t lo = 0, hi = 0;
+    bool non_ascii = false;
+  };
+  const std::vector<Below>& below() const { return below_; }
+  const std::vector<int32_t>& sorted_ids() const { return sorted_ids_; }
 
  private:
   std::vector<std::string> bytes_;
@@ -119,6 +130,8 @@ class TokenVocab {
   std::vector<Node> nodes_;
   std::vector<uint8_t> edge_bytes_;
   std::vector<int32_t> token_ids_;
+  std::vector<Below> below_;
+  std::vector<int32_t> sorted_ids_;
 };
 
 // A grammar bound to a vocabulary, with the per-state mask cache that every matcher of it
@@ -134,6 +147,7 @@ class CompiledGrammar {
 
   struct CacheStats {
     int64_t hits = 0, misses = 0, entries = 0;
+    int64_t subtrees = 0;  // trie subtrees accepted whole by the walks (TokenVocab::Below)
   };
   CacheStats cache_stats() const;
 
@@ -143,7 +157,7 @@ class CompiledGrammar {
   std::shared_ptr<const TokenVocab> v_;
   mutable std::mutex mu_;
   mutable std::unordered_map<std::string, std::shared_ptr<const std::vector<uint32_t>>> cache_;
-  mutable int64_t hits_ = 0, misses_ = 0;
+  mutable int64_t hits_ = 0, misses_ = 0, subtrees_ = 0;
 };
 
 // Per-request matcher state. Copyable (a copy is an independent state); accept() keeps an undo

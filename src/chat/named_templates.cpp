@@ -22,12 +22,37 @@ constexpr const char* kChatml =
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 
-// Llama 3 / 3.x Instruct: header ids around the role, <|eot_id|> after each message.
+// Llama 3 / 3.x Instruct: header ids around the role, <|eot_id|> after each message. With
+// `tools`, Llama 3.1's JSON tool calling: the function list in the first user message, an
+// assistant call as {"name": ..., "parameters": {...}} (several joined by "; "), a tool's answer
+// in an `ipython` turn. Without tools the text is that of the plain Llama 3 template.
 constexpr const char* kLlama3 =
     "{{- bos_token }}"
+    "{%- set ns = namespace(tools_pending=false) %}"
+    "{%- if tools is defined and tools %}{%- set ns.tools_pending = true %}{%- endif %}"
     "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- for tc in message['tool_calls'] %}"
+    "{%- if not loop.first %}{{- '; ' }}{%- endif %}"
+    "{{- '{\"name\": ' + tc['function']['name'] | tojson + ', \"parameters\": ' + tc['function']['arguments'] | tojson + '}' }}"
+    "{%- endfor %}"
+    "{{- '<|eot_id|>' }}"
+    "{%- elif message['role'] == 'tool' or message['role'] == 'ipython' %}"
+    "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- elif message['role'] == 'user' and ns.tools_pending %}"
+    "{%- set ns.tools_pending = false %}"
+    "{{- '<|start_header_id|>user<|end_header_id|>\\n\\n' }}"
+    "{{- 'Given the following functions, please respond with a JSON for a function call with its proper arguments '"
+    " + 'that best answers the given prompt.\\n\\n' }}"
+    "{{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}. '"
+    " + 'Do not use variables.\\n\\n' }}"
+    "{%- for t in tools %}{{- t | tojson(indent=4) + '\\n\\n' }}{%- endfor %}"
+    "{{- message['content'] | trim + '<|eot_id|>' }}"
+    "{%- else %}"
     "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + "
     "'<|eot_id|>' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}";
 
@@ -49,7 +74,9 @@ constexpr const char* kGemma =
     "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}";
 
 // Mistral Instruct (v0.1-v0.3 style): [INST] user [/INST] answer</s>, a system message
-// prepended to the first user turn.
+// prepended to the first user turn. With `tools`, v0.3's function calling: [AVAILABLE_TOOLS]
+// before the last user turn, an assistant's calls as [TOOL_CALLS] [{"name", "arguments", "id"}]
+// (ids of 9 letters and digits), a tool's answer as [TOOL_RESULTS] {"content", "call_id"}.
 constexpr const char* kMistral =
     "{{- bos_token }}"
     "{%- if messages[0]['role'] == 'system' %}"
@@ -59,11 +86,28 @@ constexpr const char* kMistral =
     "{%- set system_prefix = '' %}"
     "{%- set loop_messages = messages %}"
     "{%- endif %}"
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for message in loop_messages %}{%- if message['role'] == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
     "{%- for message in loop_messages %}"
     "{%- if message['role'] == 'user' %}"
+    "{%- if tools is defined and tools and loop.index0 == ns.last_user %}"
+    "{{- '[AVAILABLE_TOOLS] ' + tools | tojson + '[/AVAILABLE_TOOLS]' }}"
+    "{%- endif %}"
     "{{- '[INST] ' + (system_prefix if loop.first else '') + message['content'] + ' [/INST]' }}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] %}"
+    "{{- '[TOOL_CALLS] [' }}"
+    "{%- for tc in message['tool_calls'] %}"
+    "{%- if not loop.first %}{{- ', ' }}{%- endif %}"
+    "{{- '{\"name\": ' + tc['function']['name'] | tojson + ', \"arguments\": ' + tc['function']['arguments'] | tojson"
+    " + ', \"id\": ' + tc['id'] | default('') | tojson + '}' }}"
+    "{%- endfor %}"
+    "{{- ']' + eos_token }}"
     "{%- elif message['role'] == 'assistant' %}"
     "{{- message['content'] + eos_token }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '[TOOL_RESULTS] {\"content\": ' + message['content'] | tojson + ', \"call_id\": ' + message['tool_call_id'] | default('') | tojson"
+    " + '}[/TOOL_RESULTS]' }}"
     "{%- endif %}"
     "{%- endfor %}";
 

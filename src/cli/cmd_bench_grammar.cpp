@@ -121,8 +121,8 @@ void run_grammar(const GrammarArgs& a) {
   std::printf("| mask + accept, cold cache | %.1f | %.2f%% |\n", med(cold), d > 0 ? 100.0 * med(cold) / d : 0);
   std::printf("| mask + accept, warm cache | %.1f | %.2f%% |\n", med(warm), d > 0 ? 100.0 * med(warm) / d : 0);
   const auto cs = cg->cache_stats();
-  std::printf("mask cache: %lld entries, %lld hits, %lld misses\n", (long long)cs.entries, (long long)cs.hits,
-              (long long)cs.misses);
+  std::printf("mask cache: %lld entries, %lld hits, %lld misses; %lld trie subtrees accepted whole\n", (long long)cs.entries,
+              (long long)cs.hits, (long long)cs.misses, (long long)cs.subtrees);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // per state in the CompiledGrammar.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <deque>
 #include <unordered_map>
 #include <limits>
@@ -111,6 +112,9 @@ TokenVocab::TokenVocab(std::vector<std::string> token_bytes) : bytes_(std::move(
   std::vector<Pending> q{{0, 0, order.size(), 0}};
   for (size_t qi = 0; qi < q.size(); ++qi) {
     const Pending p = q[qi];
+    below_.resize(nodes_.size());
+    below_[p.node].lo = uint32_t(p.lo);
+    below_[p.node].hi = uint32_t(p.hi);
     size_t k = p.lo;
     // tokens that end here
     nodes_[p.node].first_token = uint32_t(token_ids_.size());
@@ -129,6 +133,20 @@ TokenVocab::TokenVocab(std::vector<std::string> token_bytes) : bytes_(std::move(
     }
     nodes_[p.node].n_children = uint32_t(nodes_.size()) - nodes_[p.node].first_child;
   }
+  below_.resize(nodes_.size());
+  // Children have larger indices than their parent (BFS): fold the bytes below bottom-up.
+  for (size_t n = nodes_.size(); n-- > 1;) {
+    Below& b = below_[n];
+    for (uint32_t c = nodes_[n].first_child; c < nodes_[n].first_child + nodes_[n].n_children; ++c) {
+      const uint8_t e = edge_bytes_[c];
+      if (e < 0x80) b.ascii[e >> 6] |= uint64_t(1) << (e & 63);
+      else b.non_ascii = true;
+      b.ascii[0] |= below_[c].ascii[0];
+      b.ascii[1] |= below_[c].ascii[1];
+      b.non_ascii = b.non_ascii || below_[c].non_ascii;
+    }
+  }
+  sorted_ids_ = std::move(order);
 }
 
 std::shared_ptr<const TokenVocab> TokenVocab::of(const Tokenizer& tok) {
@@ -177,7 +195,7 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::get(const std::string& g
 
 CompiledGrammar::CacheStats CompiledGrammar::cache_stats() const {
   std::lock_guard<std::mutex> l(mu_);
-  return {hits_, misses_, int64_t(cache_.size())};
+  return {hits_, misses_, int64_t(cache_.size()), subtrees_};
 }
 
 namespace {
@@ -196,7 +214,35 @@ struct Walker {
   std::unordered_map<std::string, int32_t> set_ids;  // serialized set -> id
   std::unordered_map<uint64_t, int32_t> step;        // (id, cp) -> id, -1: rejected
   std::unordered_map<uint64_t, bool> partial_ok;     // (id, lo) -> a partial char may continue
+  // Per set: the ASCII characters known to map it back to itself (a JSON string's body, a
+  // pattern's repeated class), and those tested.
+  struct Loops {
+    uint64_t known[2] = {0, 0}, yes[2] = {0, 0};
+  };
+  std::unordered_map<int32_t, Loops> loops;
   Stacks scratch;
+  bool use_subtrees = true;
+  int64_t n_shortcut = 0;
+
+  // Whether every byte in `b` (all ASCII) maps set `id` back to itself: then every token below
+  // the node is accepted, whatever its bytes' order, and the set stays non-empty.
+  bool loops_over(int32_t id, const TokenVocab::Below& b) {
+    Loops& L = loops[id];
+    for (int w = 0; w < 2; ++w) {
+      if (b.ascii[w] & L.known[w] & ~L.yes[w]) return false;
+      uint64_t need = b.ascii[w] & ~L.known[w];
+      while (need) {
+        const int bit = __builtin_ctzll(need);
+        need &= need - 1;
+        const uint64_t m = uint64_t(1) << bit;
+        const bool same = advance(id, uint32_t(w * 64 + bit)) == id;
+        L.known[w] |= m;  // references into an unordered_map survive its rehashing
+        if (same) L.yes[w] |= m;
+        else return false;
+      }
+    }
+    return true;
+  }
 
   static std::string key_of(const Stacks& st) {
     std::string k;
@@ -256,6 +302,17 @@ struct Walker {
         if (!utf8::range(qcp, qleft, qlen, lo, hi) || !may_continue(cur, qleft, lo, hi)) continue;
       }
       const TokenVocab::Node& cn = v.nodes()[c];
+      if (qleft == 0 && cn.n_children && use_subtrees) {
+        const TokenVocab::Below& b = v.below()[c];
+        if (!b.non_ascii && loops_over(next, b)) {
+          for (uint32_t t = b.lo; t < b.hi; ++t) {
+            const int32_t id = v.sorted_ids()[t];
+            bits[size_t(id) >> 5] |= 1u << (id & 31);
+          }
+          ++n_shortcut;
+          continue;
+        }
+      }
       for (uint32_t t = cn.first_token; t < cn.first_token + cn.n_tokens; ++t) {
         const int32_t id = v.token_ids()[t];
         bits[size_t(id) >> 5] |= 1u << (id & 31);
@@ -264,6 +321,16 @@ struct Walker {
     }
   }
 };
+
+// KVBOOST_GRAMMAR_SUBTREES=0 turns the whole-subtree shortcut off (the plain walk), for A/B
+// measurements in one binary (`kvboost bench grammar`) and for tests of both paths.
+bool subtrees_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("KVBOOST_GRAMMAR_SUBTREES");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
 
 std::string state_key(const Matcher::State& st) {
   std::string k;
@@ -293,9 +360,10 @@ std::shared_ptr<const std::vector<uint32_t>> Matcher::allowed() {
   }
   const TokenVocab& v = g_->vocab();
   auto bits = std::make_shared<std::vector<uint32_t>>((size_t(v.size()) + 31) / 32, 0u);
-  Walker w{g_->grammar(), v, *bits, {}, {}, {}, {}, {}};
+  Walker w{g_->grammar(), v, *bits, {}, {}, {}, {}, {}, {}, subtrees_enabled(), 0};
   if (st_.partial_left > 0 || !st_.stacks.empty()) w.walk(0, w.intern(st_.stacks), st_.partial_cp, st_.partial_left, st_.partial_len);
   std::lock_guard<std::mutex> l(g_->mu_);
+  g_->subtrees_ += w.n_shortcut;
   // At most ~64 MiB of masks per grammar; past that, start over (states of a long generation
   // that never repeat).
   const size_t max_entries = std::max<size_t>(64, (size_t(64) << 20) / (bits->size() * 4 + 64));

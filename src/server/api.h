@@ -38,6 +38,13 @@ struct ApiContext {
   bool has_chat_template = false;
 };
 
+// The tool-call syntax of a model family, from its chat template (api_tools.cpp).
+enum class ToolSyntax { none, hermes, llama3, mistral };
+// hermes: the template shows <tool_call>; mistral: [TOOL_CALLS]; llama3: <|python_tag|>, or Llama 3
+// headers with the {"name", "parameters"} call format; else none.
+ToolSyntax tool_syntax_of(const std::string& template_source);
+const char* tool_syntax_name(ToolSyntax s);
+
 struct ParsedRequest {
   bool chat = false;
   bool stream = false;
@@ -50,16 +57,20 @@ struct ParsedRequest {
   // Tools (chat): parse the output's tool calls (<tool_call>{json}</tool_call>, Hermes/Qwen) into
   // OpenAI tool_calls; tool_choice "none" renders the tools but leaves the text alone.
   bool parse_tools = false;
-  // n choices per prompt (n; best_of must equal it), and a prompt list in /v1/completions (the
-  // first prompt in prompt_ids/prompt_text, the rest here): every choice is its own engine request,
-  // submitted together so that the engine's prefix cache gives choices 2..n the first one's
-  // prompt blocks; choice index = prompt * n + i, seed = seed + index (api_extra.cpp).
+  ToolSyntax tool_syntax = ToolSyntax::hermes;  // the syntax parse_tools reads (from the template)
+  // n choices per prompt, best_of candidates per prompt (>= n; the n with the highest cumulative
+  // log-probability are returned, server_multi.cpp), and a prompt list in /v1/completions (the
+  // first prompt in prompt_ids/prompt_text, the rest here): every candidate is its own engine
+  // request, submitted together so that the engine's prefix cache gives candidates 2.. the first
+  // one's prompt blocks; seed = seed + candidate index (api_extra.cpp).
   int n = 1;
+  int best_of = 1;
   std::vector<std::vector<int32_t>> more_prompt_ids;
   std::vector<std::string> more_prompt_texts;
 };
 
-// api_extra.cpp: n / best_of / logit_bias (400 naming the field when out of range).
+// api_extra.cpp: n / best_of / logit_bias (400 naming the field when out of range; best_of < n,
+// or best_of > n with stream).
 void parse_n_and_bias(const ojson& body, const ApiContext& ctx, ParsedRequest& p);
 // FIM (`suffix` on /v1/completions): the model's fill-in-the-middle sentinels, found in the
 // vocabulary (Qwen2.5-Coder <|fim_prefix|> <|fim_suffix|> <|fim_middle|>, CodeLlama <PRE> <SUF>
@@ -87,24 +98,35 @@ void parse_tools(const ojson& body, const ApiContext& ctx, ParsedRequest& p, ojs
 // expect them (arguments an object). 400 naming `at` when malformed.
 ojson template_tool_calls(const ojson& tool_calls, const std::string& at);
 // Splits generated text into content and OpenAI tool_calls (id, type, function.name,
-// function.arguments as a JSON string). tool_calls is an empty array when there are none.
+// function.arguments as a JSON string) in the family's syntax. tool_calls is an empty array when
+// there are none (then content is the whole text).
 struct ToolCallSplit {
   std::string content;
   ojson tool_calls = ojson::array();
 };
-ToolCallSplit split_tool_calls(const std::string& text);
-// Streaming form: text in, chat deltas out ({"content": ...} or {"tool_calls": [...]}); text that
-// may start a tool call is held back until it is known.
+ToolCallSplit split_tool_calls(const std::string& text, ToolSyntax syntax = ToolSyntax::hermes);
+// Streaming form: text in, chat deltas out ({"content": ...} or {"tool_calls": [...]}, one
+// complete call each); text that may start a tool call is held back until it is known (Llama 3 /
+// Mistral: a message that starts like calls is held to the end, as their calls end the message).
 class ToolCallStream {
  public:
+  explicit ToolCallStream(ToolSyntax syntax = ToolSyntax::hermes) : syntax_(syntax) {}
   std::vector<ojson> push(const std::string& text, bool done);
   int n_calls() const { return n_calls_; }
 
  private:
+  std::vector<ojson> push_marked(const std::string& text, bool done);
+  ToolSyntax syntax_;
   std::string buf_;
   bool in_call_ = false;
+  bool started_ = false;  // llama3 / mistral: the first non-blank character has been seen
   int n_calls_ = 0;
 };
+// api_structured.cpp, for api_tools.cpp: GBNF compiled for the served vocabulary, and a JSON
+// Schema as GBNF; 400 naming `param` on an error or an unsupported feature.
+std::shared_ptr<const grammar::CompiledGrammar> compile_grammar(const ApiContext& ctx, const std::string& gbnf,
+                                                                const std::string& param);
+std::string schema_to_gbnf(const ojson& schema, bool strict, const std::string& param);
 
 // The JSON body, or ApiError 400 (malformed JSON, invalid UTF-8, not an object).
 ojson parse_body(const std::string& body);

@@ -65,11 +65,16 @@ void parse_n_and_bias(const ojson& body, const ApiContext& ctx, ParsedRequest& p
   const auto n = int_field(body, "n", 1, kMaxChoices);
   const auto best_of = int_field(body, "best_of", 1, kMaxChoices);
   p.n = int(n.value_or(1));
-  // best_of > n would rank candidates by their log-probability: not implemented.
-  if (best_of && *best_of != p.n)
-    bad("'best_of' = " + std::to_string(*best_of) + " must equal 'n' (" + std::to_string(p.n) +
-            "): ranking best_of candidates is not supported",
-        "best_of", "unsupported_value");
+  p.best_of = int(best_of.value_or(p.n));
+  if (p.best_of < p.n)
+    bad("'best_of' = " + std::to_string(p.best_of) + " must be at least 'n' (" + std::to_string(p.n) +
+            "): best_of candidates are generated and the n with the highest log-probability returned",
+        "best_of", "invalid_value");
+  // As OpenAI: the best candidates are known only when all have finished.
+  if (p.best_of > p.n && bool_field(body, "stream", false))
+    bad("'best_of' > 'n' cannot be streamed (the best candidates are known only at the end); use best_of = n or "
+        "stream: false",
+        "best_of", "invalid_value");
   if (const ojson* lb = field(body, "logit_bias")) {
     if (!lb->is_object())
       bad("'logit_bias' must be an object mapping token ids (strings) to a bias in [-100, 100]", "logit_bias", "invalid_type");

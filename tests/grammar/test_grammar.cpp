@@ -221,6 +221,47 @@ TEST(Mask, EqualsBruteForceOverRandomWalks) {
   }
 }
 
+// Word-like tokens (a real vocabulary's shape: many share long prefixes) inside JSON strings and
+// a repeated class: the walk accepts whole trie subtrees (TokenVocab::Below) and must still agree
+// with brute force, including on tokens that leave the string ('ab"', 'a"b', 'x\\').
+TEST(Mask, SubtreeShortcutEqualsBruteForce) {
+  std::mt19937_64 rng(5);
+  const std::string letters = "abcdefghij \"\\:,{}0123456789";
+  std::vector<std::string> v;
+  for (int i = 0; i < 128; ++i) v.push_back(std::string(1, char(i)));
+  for (int i = 0; i < 1500; ++i) {
+    std::string s;
+    const int len = 2 + int(rng() % 6);
+    for (int k = 0; k < len; ++k) s += rng() % 8 ? letters[rng() % 10] : letters[rng() % letters.size()];
+    v.push_back(s);
+  }
+  v.push_back("\xC3\xA9t\xC3\xA9");  // non-ASCII below: the plain walk
+  const auto vocab = std::make_shared<const TokenVocab>(v);
+  for (const std::string& gtext :
+       {json_schema_to_gbnf(nlohmann::ordered_json::parse(R"({"type":"object","properties":{"s":{"type":"string"},
+            "t":{"type":"array","items":{"type":"string"}}},"required":["s","t"]})")),
+        std::string("root ::= [a-f ]+ \"!\"")}) {
+    auto cg = std::make_shared<const CompiledGrammar>(parse_gbnf(gtext), vocab);
+    for (int walk = 0; walk < 4; ++walk) {
+      Matcher m(cg);
+      for (int step = 0; step < 30; ++step) {
+        const auto bits = m.allowed();
+        std::vector<int32_t> ok;
+        for (int32_t t = 0; t < vocab->size(); ++t) {
+          Matcher probe = m;
+          const bool brute = probe.accept_bytes(vocab->bytes(t));
+          const bool got = ((*bits)[size_t(t) >> 5] >> (t & 31)) & 1u;
+          ASSERT_EQ(got, brute) << "token " << t << " '" << vocab->bytes(t) << "' at step " << step;
+          if (brute) ok.push_back(t);
+        }
+        if (ok.empty()) break;
+        ASSERT_TRUE(m.accept(ok[rng() % ok.size()]));
+      }
+    }
+    EXPECT_GT(cg->cache_stats().subtrees, 0) << "no subtree was accepted whole: the shortcut never ran";
+  }
+}
+
 TEST(Mask, ApplySetsDisallowedToMinusInfinityAndGatesEos) {
   std::vector<std::string> v = {"a", "b", "ab", "", "c"};  // id 3: EOS (no bytes)
   auto cg = std::make_shared<const CompiledGrammar>(parse_gbnf("root ::= \"a\" \"b\"?\n"), std::make_shared<const TokenVocab>(v));

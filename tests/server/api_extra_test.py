@@ -13,11 +13,12 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
-import threading
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvboost_server import Checks, Server, fixture_model, require  # noqa: E402
 
 
 def main():
@@ -26,48 +27,14 @@ def main():
     ap.add_argument("--fixture", required=True)
     ap.add_argument("--workdir", required=True)
     a = ap.parse_args()
-    try:
-        import openai
-        from prometheus_client.parser import text_string_to_metric_families
-    except ImportError as e:
-        if os.environ.get("KVBOOST_REQUIRE_ORACLES") == "1":
-            print(f"oracle missing: {e}", file=sys.stderr)
-            return 1
-        print(f"SKIP: {e}; run scripts/install-deps.sh", file=sys.stderr)
-        return 77
-
-    os.makedirs(a.workdir, exist_ok=True)
-    model_dir = os.path.join(a.workdir, "tiny")
-    if not os.path.exists(os.path.join(model_dir, "model.safetensors")):
-        subprocess.run([a.fixture, "--out", model_dir, "--preset", "tiny"], check=True, stdout=subprocess.DEVNULL)
+    openai, prom = require("openai", "prometheus_client.parser")
+    text_string_to_metric_families = prom.text_string_to_metric_families
+    model_dir = fixture_model(a.fixture, a.workdir, "tiny")
     key = "sk-kvboost-extra"
-    proc = subprocess.Popen(
-        [a.kvboost, "serve", "--model", model_dir, "--port", "0", "--api-key", key, "--served-model-name", "tiny",
-         "--max-batch", "4", "--threads", "1", "--metrics-no-auth", "--log-requests"],
-        stderr=subprocess.PIPE, text=True)
-    port, log = None, []
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        log.append(line)
-        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)/v1", line)
-        if m:
-            port = int(m.group(1))
-            break
-    if port is None:
-        proc.kill()
-        print("server did not start:\n" + "".join(log), file=sys.stderr)
-        return 1
-    threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
+    srv = Server(a.kvboost, model_dir, "tiny", "--api-key", key, "--metrics-no-auth", "--log-requests")
+    port, log = srv.port, srv.log
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=60)
-    failures = []
-
-    def check(cond, what):
-        print(("ok   " if cond else "FAIL ") + what)
-        if not cond:
-            failures.append(what)
+    check = Checks()
 
     try:
         prompt = " ".join(f"tok{i % 7}" for i in range(60))
@@ -133,21 +100,14 @@ def main():
         check(q > 0 and 0 < hits <= q, f"prefix cache queries {q} >= hits {hits} > 0")
         check("kvboost_http_responses" in fams, "the older kvboost_* metrics are still there")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        srv.stop()
     time.sleep(0.2)
     lines = [l for l in log if "status=" in l]
     check(any(re.search(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ .*status=200 POST /v1/completions prompt_tokens=\d+ "
                         r"cached_tokens=\d+ completion_tokens=12 ttft_ms=[\d.]+ total_ms=[\d.]+", l) for l in lines),
           "a request log line: timestamp, status, route, prompt/cached/completion tokens, TTFT, total")
     check(any("status=400" in l for l in lines), "a request log line for the 400")
-    if failures:
-        print(f"{len(failures)} failure(s)\n" + "".join(log[-20:]), file=sys.stderr)
-        return 1
-    return 0
+    return check.result(log)
 
 
 if __name__ == "__main__":

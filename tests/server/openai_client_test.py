@@ -9,12 +9,11 @@ KVBOOST_REQUIRE_ORACLES=1.
 """
 import argparse
 import os
-import re
 import signal
-import subprocess
 import sys
-import threading
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvboost_server import Checks, Server, fixture_model, require  # noqa: E402
 
 
 def main():
@@ -23,52 +22,14 @@ def main():
     ap.add_argument("--fixture", required=True)
     ap.add_argument("--workdir", required=True)
     a = ap.parse_args()
-    try:
-        import openai
-    except ImportError as e:
-        if os.environ.get("KVBOOST_REQUIRE_ORACLES") == "1":
-            print(f"openai client missing: {e}", file=sys.stderr)
-            return 1
-        print(f"SKIP: openai client not importable ({e}); run scripts/install-deps.sh", file=sys.stderr)
-        return 77
-
-    os.makedirs(a.workdir, exist_ok=True)
-    model_dir = os.path.join(a.workdir, "tiny")
-    if not os.path.exists(os.path.join(model_dir, "model.safetensors")):
-        subprocess.run([a.fixture, "--out", model_dir, "--preset", "tiny"], check=True, stdout=subprocess.DEVNULL)
-
+    openai, = require("openai")
+    model_dir = fixture_model(a.fixture, a.workdir, "tiny")
     key = "sk-kvboost-test"
-    proc = subprocess.Popen(
-        [a.kvboost, "serve", "--model", model_dir, "--port", "0", "--api-key", key, "--served-model-name", "tiny",
-         "--max-batch", "4", "--threads", "1"],
-        stderr=subprocess.PIPE, text=True)
-    port = None
-    log = []
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        log.append(line)
-        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)/v1", line)
-        if m:
-            port = int(m.group(1))
-            break
-    if port is None:
-        proc.kill()
-        print("server did not start:\n" + "".join(log), file=sys.stderr)
-        return 1
-    # Keep draining stderr so the server never blocks on it.
-    threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
-
-    base = f"http://127.0.0.1:{port}/v1"
+    srv = Server(a.kvboost, model_dir, "tiny", "--api-key", key)
+    log = srv.log
+    base = srv.base_url
     client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=60)
-    failures = []
-
-    def check(cond, what):
-        print(("ok   " if cond else "FAIL ") + what)
-        if not cond:
-            failures.append(what)
+    check = Checks()
 
     try:
         ids = [m.id for m in client.models.list()]
@@ -154,18 +115,9 @@ def main():
         ok = client.completions.create(model="tiny", prompt="still here", max_tokens=2)
         check(len(ok.choices) == 1, "serves after bad requests")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = "killed after 60 s"
+        rc = srv.stop(signal.SIGTERM, timeout=60)
     check(rc == 0, f"SIGTERM: clean exit 0 (got {rc})")
-    if failures:
-        print("server log:\n" + "".join(log), file=sys.stderr)
-        print(f"{len(failures)} failure(s)", file=sys.stderr)
-        return 1
-    return 0
+    return check.result(log)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@
    fixture, and 30 completions on stories260K, all validating against the schema (jsonschema);
    json_object, guided_json/regex/choice/grammar, llama.cpp's grammar/json_schema fields.
 2. 400s naming the unsupported schema feature / field.
-3. Tools on a Qwen2.5-template fixture: tool_choice named/required give tool_calls whose
-   arguments validate against the function's parameters, streamed as delta.tool_calls with
+3. Tools in each family's syntax — a Qwen2.5-tokenizer fixture (Hermes <tool_call>), a Llama 3
+   tokenizer fixture with --chat-template llama3, the tiny fixture with --chat-template mistral:
+   tool_choice named/required give tool_calls whose arguments validate against the function's
+   parameters (Mistral ids: 9 letters and digits), streamed as delta.tool_calls with
    finish_reason "tool_calls"; the follow-up turn with role "tool" messages renders; auto works.
 Exit 77 (skip) when openai or jsonschema is missing, unless KVBOOST_REQUIRE_ORACLES=1.
 """
@@ -15,30 +17,10 @@ import concurrent.futures
 import json
 import os
 import re
-import subprocess
 import sys
-import threading
-import time
 
-
-def start_server(kvboost, model_dir, name, extra=()):
-    proc = subprocess.Popen(
-        [kvboost, "serve", "--model", model_dir, "--port", "0", "--served-model-name", name, "--max-batch", "8",
-         "--threads", "1", *extra],
-        stderr=subprocess.PIPE, text=True)
-    log = []
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        log.append(line)
-        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)/v1", line)
-        if m:
-            threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
-            return proc, int(m.group(1)), log
-    proc.kill()
-    raise RuntimeError("server did not start:\n" + "".join(log))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvboost_server import Checks, Server, fixture_model, require  # noqa: E402
 
 
 SCHEMA = {
@@ -75,34 +57,16 @@ def main():
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--shared", required=True)
     a = ap.parse_args()
-    try:
-        import jsonschema
-        import openai
-    except ImportError as e:
-        if os.environ.get("KVBOOST_REQUIRE_ORACLES") == "1":
-            print(f"missing: {e}", file=sys.stderr)
-            return 1
-        print(f"SKIP: {e}; run scripts/install-deps.sh", file=sys.stderr)
-        return 77
-
-    os.makedirs(a.workdir, exist_ok=True)
-    tiny = os.path.join(a.workdir, "tiny")
-    if not os.path.exists(os.path.join(tiny, "model.safetensors")):
-        subprocess.run([a.fixture, "--out", tiny, "--preset", "tiny"], check=True, stdout=subprocess.DEVNULL)
+    jsonschema, openai = require("jsonschema", "openai")
+    tiny = fixture_model(a.fixture, a.workdir, "tiny")
     qwen_tok = os.path.join(a.shared, "tokenizers", "qwen2.5")
     qwen = os.path.join(a.workdir, "qwen-tools")
-    if os.path.exists(os.path.join(qwen_tok, "tokenizer.json")) and not os.path.exists(os.path.join(qwen, "model.safetensors")):
-        subprocess.run([a.fixture, "--out", qwen, "--preset", "tiny", "--tokenizer", qwen_tok, "--hidden", "32",
-                        "--intermediate", "64", "--layers", "1", "--heads", "4", "--kv-heads", "2"],
-                       check=True, stdout=subprocess.DEVNULL)
+    if os.path.exists(os.path.join(qwen_tok, "tokenizer.json")):
+        fixture_model(a.fixture, a.workdir, "qwen-tools", "--tokenizer", qwen_tok, "--hidden", "32", "--intermediate",
+                      "64", "--layers", "1", "--heads", "4", "--kv-heads", "2")
     stories = os.path.join(a.shared, "models", "stories260K")
 
-    failures = []
-
-    def check(cond, what):
-        print(("ok   " if cond else "FAIL ") + what)
-        if not cond:
-            failures.append(what)
+    check = Checks()
 
     def valid(doc, schema):
         try:
@@ -112,11 +76,15 @@ def main():
             print(f"     invalid: {e.__class__.__name__}: {str(e)[:200]}\n     doc: {doc[:300]!r}")
             return False
 
-    procs = []
+    servers = []
+
+    def start(model, name, *extra):
+        srv = Server(a.kvboost, model, name, *extra, max_batch=8)
+        servers.append(srv)
+        return srv, srv.port
     try:
         # ---- 1. json_schema on the random fixture (chat) and stories260K (completions) ----
-        proc, port, _ = start_server(a.kvboost, tiny, "tiny")
-        procs.append(proc)
+        proc, port = start(tiny, "tiny")
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=120)
         rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
         results = [None] * 100
@@ -184,13 +152,11 @@ def main():
         st, msg = status_of(lambda: client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "x"}], tools=[WEATHER]))
         check(st == 400 and "does not render tools" in msg, f"tools on a template without tools: 400 ({msg[:100]})")
-        proc.terminate()
-        proc.wait(timeout=30)
+        proc.stop()
 
         # ---- stories260K (completions) ----
         if os.path.exists(os.path.join(stories, "model.safetensors")):
-            proc, port, _ = start_server(a.kvboost, stories, "stories")
-            procs.append(proc)
+            proc, port = start(stories, "stories")
             sc = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=120)
             res = [None] * 30
 
@@ -202,35 +168,36 @@ def main():
                 list(ex.map(one_s, range(30)))
             nv = sum(1 for t in res if t is not None and valid(t, SCHEMA))
             check(nv == 30, f"stories260K: 30/30 sampled json_schema outputs validate (got {nv})")
-            proc.terminate()
-            proc.wait(timeout=30)
+            proc.stop()
 
-        # ---- 3. tools on a Qwen2.5-template fixture ----
-        if os.path.exists(os.path.join(qwen, "model.safetensors")):
-            proc, port, _ = start_server(a.kvboost, qwen, "qwen")
-            procs.append(proc)
+        # ---- 3. tools, in each family's syntax ----
+        def id_ok(family, cid):
+            return (len(cid) == 9 and cid.isalnum()) if family == "mistral" else cid.startswith("call_")
+
+        def tools_suite(name, port, family):
             qc = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=120)
+            markers = {"hermes": "<tool_call>", "llama3": "<|python_tag|>", "mistral": "[TOOL_CALLS]"}
             msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
             for i in range(5):
-                r = qc.chat.completions.create(model="qwen", messages=msgs, tools=[WEATHER, TIME], temperature=1.0, seed=i,
+                r = qc.chat.completions.create(model=name, messages=msgs, tools=[WEATHER, TIME], temperature=1.0, seed=i,
                                                max_tokens=300,
                                                tool_choice={"type": "function", "function": {"name": "get_weather"}})
                 c = r.choices[0]
                 calls = c.message.tool_calls or []
                 ok = (c.finish_reason == "tool_calls" and len(calls) == 1 and calls[0].function.name == "get_weather"
-                      and calls[0].id.startswith("call_") and calls[0].type == "function"
+                      and id_ok(family, calls[0].id) and calls[0].type == "function"
                       and valid(calls[0].function.arguments, WEATHER["function"]["parameters"]))
-                check(ok, f"named tool_choice {i}: one valid get_weather call ({c.finish_reason}, {calls})")
+                check(ok, f"{family}: named tool_choice {i}: one valid get_weather call ({c.finish_reason}, {calls})")
             for i in range(5):
-                r = qc.chat.completions.create(model="qwen", messages=msgs, tools=[WEATHER, TIME], temperature=1.0,
+                r = qc.chat.completions.create(model=name, messages=msgs, tools=[WEATHER, TIME], temperature=1.0,
                                                seed=10 + i, max_tokens=300, tool_choice="required")
                 calls = r.choices[0].message.tool_calls or []
                 fn = {"get_weather": WEATHER, "get_time": TIME}.get(calls[0].function.name if calls else "")
-                check(fn is not None and valid(calls[0].function.arguments, fn["function"]["parameters"]),
-                      f"required tool_choice {i}: a valid call ({calls})")
+                check(fn is not None and valid(calls[0].function.arguments, fn["function"]["parameters"])
+                      and id_ok(family, calls[0].id), f"{family}: required tool_choice {i}: a valid call ({calls})")
             # Streaming: delta.tool_calls, finish_reason tool_calls.
             deltas, finish, content = [], None, ""
-            for ch in qc.chat.completions.create(model="qwen", messages=msgs, tools=[WEATHER], stream=True, temperature=1.0,
+            for ch in qc.chat.completions.create(model=name, messages=msgs, tools=[WEATHER], stream=True, temperature=1.0,
                                                  seed=3, max_tokens=300, tool_choice="required"):
                 if not ch.choices:
                     continue
@@ -243,8 +210,9 @@ def main():
                     finish = ch.choices[0].finish_reason
             args = "".join(t.function.arguments or "" for t in deltas)
             check(finish == "tool_calls" and deltas and deltas[0].function.name == "get_weather" and deltas[0].index == 0
-                  and valid(args, WEATHER["function"]["parameters"]) and "<tool_call>" not in content,
-                  f"streamed tool call: delta.tool_calls + finish tool_calls ({finish}, {deltas}, {content!r})")
+                  and id_ok(family, deltas[0].id) and valid(args, WEATHER["function"]["parameters"])
+                  and markers[family] not in content and "get_weather" not in content,
+                  f"{family}: streamed tool call: delta.tool_calls + finish tool_calls ({finish}, {deltas}, {content!r})")
             # Follow-up turn: the assistant's call and the tool's answer render.
             call = r.choices[0].message.tool_calls[0]
             follow = msgs + [
@@ -252,26 +220,43 @@ def main():
                  "tool_calls": [{"id": call.id, "type": "function",
                                  "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
                 {"role": "tool", "tool_call_id": call.id, "content": "{\"temp\": 21}"}]
-            r2 = qc.chat.completions.create(model="qwen", messages=follow, tools=[WEATHER, TIME], max_tokens=8,
+            r2 = qc.chat.completions.create(model=name, messages=follow, tools=[WEATHER, TIME], max_tokens=8,
                                             temperature=0, tool_choice="none")
-            check(r2.choices[0].message.content is not None and r2.usage.prompt_tokens > 60,
-                  f"follow-up turn with a role 'tool' message renders ({r2.usage.prompt_tokens} prompt tokens)")
-            r3 = qc.chat.completions.create(model="qwen", messages=msgs, tools=[WEATHER], max_tokens=16, temperature=1.0,
+            check(r2.choices[0].message.content is not None and r2.usage.prompt_tokens > 40,
+                  f"{family}: follow-up turn with a role 'tool' message renders ({r2.usage.prompt_tokens} prompt tokens)")
+            r3 = qc.chat.completions.create(model=name, messages=msgs, tools=[WEATHER], max_tokens=16, temperature=1.0,
                                             seed=1)
-            check(r3.choices[0].finish_reason in ("stop", "length", "tool_calls"), "tool_choice auto: 200")
+            check(r3.choices[0].finish_reason in ("stop", "length", "tool_calls"), f"{family}: tool_choice auto: 200")
             st, msg = status_of(lambda: qc.chat.completions.create(
-                model="qwen", messages=msgs, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}))
-            check(st == 400 and "nope" in msg, "named tool not in tools: 400")
-            proc.terminate()
-            proc.wait(timeout=30)
+                model=name, messages=msgs, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}))
+            check(st == 400 and "nope" in msg, f"{family}: named tool not in tools: 400")
+
+        # Qwen2.5 (Hermes <tool_call>), its own template.
+        if os.path.exists(os.path.join(qwen, "model.safetensors")):
+            proc, port = start(qwen, "qwen")
+            tools_suite("qwen", port, "hermes")
+            proc.stop()
         else:
             check(False, "qwen2.5 tokenizer missing for the tools fixture")
+        # Llama 3.x JSON calls: the real Llama 3 tokenizer, --chat-template llama3.
+        llama_tok = os.path.join(a.shared, "tokenizers", "llama3")
+        if os.path.exists(os.path.join(llama_tok, "tokenizer.json")):
+            llama = fixture_model(a.fixture, a.workdir, "llama3-tools", "--tokenizer", llama_tok, "--hidden", "32",
+                                  "--intermediate", "64", "--layers", "1", "--heads", "4", "--kv-heads", "2")
+            proc, port = start(llama, "llama3", "--chat-template", "llama3")
+            tools_suite("llama3", port, "llama3")
+            proc.stop()
+        else:
+            check(False, "llama3 tokenizer missing for the tools fixture")
+        # Mistral [TOOL_CALLS] with 9-character ids: --chat-template mistral on the tiny fixture.
+        proc, port = start(tiny, "mistral", "--chat-template", "mistral")
+        tools_suite("mistral", port, "mistral")
+        proc.stop()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+        for srv in servers:
+            srv.stop()
+    print(f"{len(check.failures)} failure(s)")
+    return check.result(servers[-1].log if servers else ())
 
 
 if __name__ == "__main__":

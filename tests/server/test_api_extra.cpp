@@ -215,10 +215,119 @@ TEST(ApiExtra, NChoicesShareOnePrefill) {
   EXPECT_TRUE(done);
   EXPECT_EQ(finished, (std::map<int, int>{{0, 1}, {1, 1}}));
   EXPECT_EQ(text.size(), 2u);
-  // best_of must equal n; n is range-checked.
-  EXPECT_EQ(error_of(s.post("/v1/completions", {{"prompt", "x"}, {"n", 2}, {"best_of", 3}}), 400)["param"], "best_of");
+  // n and best_of are range-checked.
   EXPECT_EQ(error_of(s.post("/v1/completions", {{"prompt", "x"}, {"n", 0}}), 400)["param"], "n");
   EXPECT_EQ(error_of(s.post("/v1/completions", {{"prompt", "x"}, {"n", 1000}}), 400)["param"], "n");
+}
+
+// best_of > n: best_of candidates per prompt (seeds seed + candidate), the n with the highest
+// cumulative log-probability returned best first; the ranking's own logprobs stay out unless
+// asked for; every candidate's tokens are in usage; 400s for best_of < n, too large, or stream.
+TEST(ApiExtra, BestOfReturnsTheMostLikelyCandidates) {
+  TestServer s(tiny_dir());
+  const std::string prompt = words(30, "b");
+  const json req = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 4}, {"temperature", 1.0}, {"seed", 21},
+                    {"n", 2},          {"best_of", 5},     {"ignore_eos", true}};
+  const json b = ok_body(s.post("/v1/completions", req));
+  ASSERT_EQ(b["choices"].size(), 2u);
+  EXPECT_EQ(b["usage"]["completion_tokens"], 20);  // all 5 candidates were generated
+  EXPECT_TRUE(b["choices"][0]["logprobs"].is_null());
+  // Each candidate i is the single request with seed 21 + i; rank them by their logprobs.
+  std::vector<std::pair<double, std::string>> cands;
+  for (int i = 0; i < 5; ++i) {
+    json one = {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 4}, {"temperature", 1.0}, {"seed", 21 + i},
+                {"ignore_eos", true}, {"logprobs", 0}};
+    const json r = ok_body(s.post("/v1/completions", one));
+    double sum = 0;
+    for (const auto& lp : r["choices"][0]["logprobs"]["token_logprobs"]) sum += lp.get<double>();
+    cands.push_back({sum, r["choices"][0]["text"]});
+  }
+  std::vector<size_t> order = {0, 1, 2, 3, 4};
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return cands[x].first > cands[y].first; });
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(b["choices"][i]["index"], i);
+    EXPECT_EQ(b["choices"][i]["text"], cands[order[size_t(i)]].second) << i;
+    EXPECT_NEAR(b["choices"][i]["kvboost"]["cumulative_logprob"].get<double>(), cands[order[size_t(i)]].first, 1e-3);
+    EXPECT_EQ(b["choices"][i]["kvboost"]["candidate"], order[size_t(i)]);
+  }
+  EXPECT_GE(b["choices"][0]["kvboost"]["cumulative_logprob"].get<double>(),
+            b["choices"][1]["kvboost"]["cumulative_logprob"].get<double>());
+  // With logprobs asked for, the returned choices carry theirs.
+  json lreq = req;
+  lreq["logprobs"] = 1;
+  const json lb = ok_body(s.post("/v1/completions", lreq));
+  EXPECT_EQ(lb["choices"][0]["logprobs"]["tokens"].size(), 4u);
+  // best_of = n is plain n; chat takes best_of too.
+  json eq = req;
+  eq["best_of"] = 2;
+  EXPECT_EQ(ok_body(s.post("/v1/completions", eq))["usage"]["completion_tokens"], 8);
+  const json cb = ok_body(s.post("/v1/chat/completions", {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                                          {"max_tokens", 3}, {"best_of", 3}, {"ignore_eos", true}}));
+  EXPECT_EQ(cb["choices"].size(), 1u);
+  EXPECT_EQ(cb["usage"]["completion_tokens"], 9);
+  auto err = [&](const json& extra) {
+    json r = {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 2}};
+    for (const auto& [k, v] : extra.items()) r[k] = v;
+    return error_of(s.post("/v1/completions", r), 400);
+  };
+  const json lt = err({{"n", 3}, {"best_of", 2}});
+  EXPECT_EQ(lt["param"], "best_of");
+  EXPECT_NE(lt["message"].get<std::string>().find("at least 'n'"), std::string::npos) << lt;
+  EXPECT_EQ(err({{"best_of", 65}})["param"], "best_of");
+  EXPECT_EQ(err({{"best_of", 0}})["param"], "best_of");
+  const json st = err({{"best_of", 2}, {"stream", true}});
+  EXPECT_EQ(st["param"], "best_of");
+  EXPECT_NE(st["message"].get<std::string>().find("cannot be streamed"), std::string::npos) << st;
+}
+
+// Streaming with n > 1 and logprobs: each choice's logprobs arrive in its own chunks (its index),
+// and joined they equal the non-streamed choice's.
+TEST(ApiExtra, StreamedLogprobsPerChoice) {
+  TestServer s(tiny_dir());
+  for (const bool chat : {false, true}) {
+    json req = {{"model", "tiny"}, {"max_tokens", 5}, {"temperature", 1.0}, {"seed", 4}, {"n", 2}, {"ignore_eos", true}};
+    if (chat) {
+      req["messages"] = {{{"role", "user"}, {"content", words(10, "l")}}};
+      req["logprobs"] = true;
+      req["top_logprobs"] = 1;
+    } else {
+      req["prompt"] = words(10, "l");
+      req["logprobs"] = 1;
+    }
+    const char* path = chat ? "/v1/chat/completions" : "/v1/completions";
+    const json whole = ok_body(s.post(path, req));
+    req["stream"] = true;
+    server::HttpStream st;
+    ASSERT_TRUE(st.open("127.0.0.1", s.port, "POST", path, req.dump()));
+    ASSERT_EQ(st.status(), 200);
+    std::string d;
+    std::map<int, std::vector<std::string>> tokens;
+    std::map<int, std::string> text;
+    while (st.next_event(d)) {
+      if (d == "[DONE]") continue;
+      const json ev = json::parse(d);
+      const json& c = ev["choices"][0];
+      const int idx = c["index"];
+      if (chat && c["delta"].contains("content")) text[idx] += c["delta"]["content"].get<std::string>();
+      if (!chat) text[idx] += c["text"].get<std::string>();
+      if (c["logprobs"].is_null()) continue;
+      if (chat)
+        for (const auto& t : c["logprobs"]["content"]) tokens[idx].push_back(t["token"]);
+      else
+        for (const auto& t : c["logprobs"]["tokens"]) tokens[idx].push_back(t);
+    }
+    ASSERT_EQ(tokens.size(), 2u) << chat;
+    for (int i = 0; i < 2; ++i) {
+      const json& wc = whole["choices"][i];
+      std::vector<std::string> want;
+      if (chat)
+        for (const auto& t : wc["logprobs"]["content"]) want.push_back(t["token"]);
+      else
+        for (const auto& t : wc["logprobs"]["tokens"]) want.push_back(t);
+      EXPECT_EQ(tokens[i], want) << "chat " << chat << " choice " << i;
+      EXPECT_EQ(text[i], chat ? wc["message"]["content"].get<std::string>() : wc["text"].get<std::string>());
+    }
+  }
 }
 
 TEST(ApiExtra, PromptListGivesOneChoicePerPromptInOrder) {

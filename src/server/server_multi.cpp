@@ -1,19 +1,33 @@
-// Included by server.cpp (inside namespace kvboost): n > 1 and prompt lists.
+// n > 1, best_of > n and prompt lists.
 //
-// One engine request per choice, all submitted together: the engine groups requests that share a
-// block of prompt prefix behind the one still in its prefill (Engine::step's admission), so
-// choices 2..n of a prompt wait for choice 1's committed blocks and reuse them from the prefix
-// cache instead of prefilling again (their usage shows them as cached). Choice index = prompt *
-// n + i; each choice samples with seed + index. Streamed chunks carry their choice's index.
+// One engine request per candidate, all submitted together: the engine groups requests that
+// share a block of prompt prefix behind the one still in its prefill (Engine::step's admission),
+// so candidates 2.. of a prompt wait for the first one's committed blocks and reuse them from the
+// prefix cache instead of prefilling again (their usage shows them as cached). Each candidate
+// samples with seed + its index. Without best_of the candidates are the choices (index = prompt *
+// n + i); with best_of > n each prompt gets best_of candidates and its n with the highest
+// cumulative log-probability are returned, best first (vLLM's and OpenAI's semantics; the
+// log-probabilities are of the raw logits, as logprobs reports them). Streamed chunks carry their
+// choice's index, and with logprobs each choice's logprobs travel in its own chunks.
+
+#include "server_impl.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <optional>
+
+namespace kvboost {
+
+using namespace server_detail;
 
 void Server::Impl::generate_multi(HttpConn& c, const std::string& endpoint, server::ParsedRequest& p,
                                   const std::string& tenant, double t_arrival) {
-  if (p.stream && p.opt.logprobs >= 0)
-    throw ApiError(400, "'logprobs' with 'stream' and more than one choice (n > 1 or a prompt list) is not supported",
-                   "logprobs", "unsupported_parameter");
   std::vector<std::pair<const std::vector<int32_t>*, const std::string*>> prompts{{&p.prompt_ids, &p.prompt_text}};
   for (size_t j = 0; j < p.more_prompt_ids.size(); ++j) prompts.push_back({&p.more_prompt_ids[j], &p.more_prompt_texts[j]});
-  const int64_t k = int64_t(prompts.size()) * p.n;
+  const bool ranked = p.best_of > p.n;  // parse_n_and_bias: never with stream
+  const int64_t per_prompt = ranked ? p.best_of : p.n;
+  const int64_t k = int64_t(prompts.size()) * per_prompt;
   const int64_t limit = engine.options().max_batch + opt.max_queue;
   if (in_flight.fetch_add(k) + k > limit) {
     in_flight.fetch_sub(k);
@@ -22,7 +36,7 @@ void Server::Impl::generate_multi(HttpConn& c, const std::string& endpoint, serv
       ++rejected_overload;
     }
     throw ApiError(503, "the server is at capacity (" + std::to_string(limit) + " requests in flight; this one needs " +
-                            std::to_string(k) + "); retry later",
+                            std::to_string(k) + (ranked ? " (best_of per prompt)" : "") + "); retry later",
                    "", "server_overloaded");
   }
   struct Choice {
@@ -30,16 +44,19 @@ void Server::Impl::generate_multi(HttpConn& c, const std::string& endpoint, serv
     std::shared_ptr<Channel> ch;
     size_t prompt = 0;
     std::optional<server::ToolCallStream> tools;
+    std::vector<TokenLogprob> lps;  // streamed logprobs waiting for their text
+    size_t text_offset = 0;
     bool finished = false;
   };
   std::vector<Choice> choices(static_cast<size_t>(k));
   p.opt.cache_namespace = tenant + '\x1f' + p.cache_salt;
   for (int64_t idx = 0; idx < k; ++idx) {
     Choice& ch = choices[size_t(idx)];
-    ch.prompt = size_t(idx / p.n);
+    ch.prompt = size_t(idx / per_prompt);
     ch.ch = std::make_shared<Channel>();
     GenerateOptions o = p.opt;
     o.sampling.seed = p.opt.sampling.seed + uint64_t(idx);
+    if (ranked) o.logprobs = std::max(o.logprobs, 0);  // the ranking needs each token's log-probability
     o.on_text = [q = ch.ch](std::string_view s) {
       {
         std::lock_guard<std::mutex> l(q->mu);
@@ -48,7 +65,12 @@ void Server::Impl::generate_multi(HttpConn& c, const std::string& endpoint, serv
       q->cv.notify_all();
       return true;
     };
-    if (p.chat && p.parse_tools) ch.tools.emplace();
+    if (p.stream && p.opt.logprobs >= 0)
+      o.on_logprob = [q = ch.ch](const TokenLogprob& lp) {
+        std::lock_guard<std::mutex> l(q->mu);
+        q->pending_lp.push_back(lp);
+      };
+    if (p.chat && p.parse_tools) ch.tools.emplace(p.tool_syntax);
     try {
       ch.req = engine.submit(*prompts[ch.prompt].first, o);
     } catch (const Error& e) {
@@ -96,15 +118,27 @@ void Server::Impl::generate_multi(HttpConn& c, const std::string& endpoint, serv
       {
         std::lock_guard<std::mutex> l(ch.ch->mu);
         piece.swap(ch.ch->pending);
+        ch.lps.insert(ch.lps.end(), std::make_move_iterator(ch.ch->pending_lp.begin()),
+                      std::make_move_iterator(ch.ch->pending_lp.end()));
+        ch.ch->pending_lp.clear();
         done = ch.ch->done;
       }
-      if (p.stream && streaming_ok && (!piece.empty() || (done && ch.tools))) {
+      // As for one choice (server_generate.cpp): logprobs go out with the text of their tokens.
+      if (p.stream && streaming_ok && (!piece.empty() || (done && (!ch.lps.empty() || ch.tools)))) {
+        ojson lp = nullptr;
+        if (!ch.lps.empty()) {
+          lp = server::logprobs_json(ch.lps, p.chat, *ctx.tok, ch.text_offset);
+          for (const TokenLogprob& t : ch.lps) ch.text_offset += ctx.tok->decode({t.id}, false).size();
+          ch.lps.clear();
+        }
         if (ch.tools) {
-          for (const ojson& d : ch.tools->push(piece, done))
-            streaming_ok = streaming_ok && send_event(c, indexed(server::chat_chunk(id, created_s, model, d, ""), int64_t(idx)));
+          for (const ojson& d : ch.tools->push(piece, done)) {
+            streaming_ok = streaming_ok && send_event(c, indexed(server::chat_chunk(id, created_s, model, d, "", lp), int64_t(idx)));
+            lp = nullptr;
+          }
         } else {
-          streaming_ok = send_event(c, indexed(p.chat ? server::chat_chunk(id, created_s, model, ojson{{"content", piece}}, "")
-                                                      : server::completion_chunk(id, created_s, model, piece, ""),
+          streaming_ok = send_event(c, indexed(p.chat ? server::chat_chunk(id, created_s, model, ojson{{"content", piece}}, "", lp)
+                                                      : server::completion_chunk(id, created_s, model, piece, "", lp),
                                                int64_t(idx)));
         }
       }
@@ -172,11 +206,12 @@ void Server::Impl::generate_multi(HttpConn& c, const std::string& endpoint, serv
       }
       return;
     }
-  // Usage: each prompt once (its first choice), every choice's completion tokens; cached tokens
-  // over all choices (choices 2..n of a prompt show the shared prefill here).
+  // Usage: each prompt once (its first candidate), every candidate's completion tokens (best_of
+  // candidates that are not returned were generated all the same, as OpenAI bills them); cached
+  // tokens over all candidates (candidates 2.. of a prompt show the shared prefill here).
   int64_t n_prompt = 0, n_completion = 0, n_cached = 0;
   for (size_t idx = 0; idx < res.size(); ++idx) {
-    if (idx % size_t(p.n) == 0) n_prompt += res[idx].n_prompt();
+    if (idx % size_t(per_prompt) == 0) n_prompt += res[idx].n_prompt();
     n_completion += int64_t(res[idx].output_ids.size());
     n_cached += server::usage_json(res[idx])["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
   }
@@ -197,24 +232,45 @@ void Server::Impl::generate_multi(HttpConn& c, const std::string& endpoint, serv
     count(endpoint, 200);
     return;
   }
+  // The candidates returned, in choice order: all of them, or per prompt the n best by
+  // cumulative log-probability (ties: the lower candidate index).
+  std::vector<size_t> returned;
+  std::vector<double> cumulative(res.size(), 0.0);
+  for (size_t idx = 0; idx < res.size(); ++idx)
+    for (const TokenLogprob& t : res[idx].logprobs) cumulative[idx] += t.logprob;
+  for (size_t j = 0; j < prompts.size(); ++j) {
+    std::vector<size_t> cand(static_cast<size_t>(per_prompt));
+    std::iota(cand.begin(), cand.end(), j * size_t(per_prompt));
+    if (ranked)
+      std::stable_sort(cand.begin(), cand.end(), [&](size_t a, size_t b) { return cumulative[a] > cumulative[b]; });
+    returned.insert(returned.end(), cand.begin(), cand.begin() + p.n);
+  }
   ojson body;
   ojson all = ojson::array();
-  for (size_t idx = 0; idx < res.size(); ++idx) {
+  for (size_t i = 0; i < returned.size(); ++i) {
+    const size_t idx = returned[i];
     server::ParsedRequest pi;  // what completion_body reads: chat, echo, the prompt text, tools, logprobs
     pi.chat = p.chat;
     pi.echo = p.echo;
     pi.parse_tools = p.parse_tools;
-    pi.opt.logprobs = p.opt.logprobs;
+    pi.tool_syntax = p.tool_syntax;
+    pi.opt.logprobs = p.opt.logprobs;  // best_of's own log-probabilities stay out unless asked for
     pi.prompt_text = *prompts[choices[idx].prompt].second;
     ojson one = server::completion_body(id, created_s, model, pi, res[idx], ctx.tok);
     ojson choice = one["choices"][0];
-    choice["index"] = idx;
+    choice["index"] = i;
     choice["kvboost"] = one["kvboost"];  // per choice: cached_prefix_tokens shows the shared prefill
+    if (ranked) {
+      choice["kvboost"]["cumulative_logprob"] = cumulative[idx];
+      choice["kvboost"]["candidate"] = idx;
+    }
     all.push_back(choice);
-    if (idx == 0) body = one;
+    if (i == 0) body = one;
   }
   body["choices"] = all;
   body["usage"] = usage;
   body.erase("kvboost");
   send_json(c, endpoint, 200, body);
 }
+
+}  // namespace kvboost
