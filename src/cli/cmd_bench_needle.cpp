@@ -151,8 +151,11 @@ void run_needle(const NeedleArgs& a) {
     const std::string t = apply_chat_template(cfg, nlohmann::ordered_json::array({{{"role", "user"}, {"content", mark}}}), true);
     const size_t at = t.find(mark);
     if (at != std::string::npos) head = t.substr(0, at), tail = t.substr(at + mark.size()), add_special = false;
+    // A template whose bos_token the file does not name renders none: let the tokenizer add it.
+    const std::vector<int32_t> bos = tok.encode("", true), h = tok.encode(head, false);
+    if (!bos.empty() && (h.empty() || h[0] != bos[0])) add_special = true;
   }
-  const bool chat = !add_special;
+  const bool chat = !tail.empty();
 
   // The pool: units of one document (a fact in the middle, at the start, at the end, or none)
   // or two (a fact split across them).
@@ -283,7 +286,7 @@ void run_needle(const NeedleArgs& a) {
     std::vector<int64_t> segs;
     const std::vector<int32_t> ids = build(order, f.question, &segs);
     n_tokens_sum += int64_t(ids.size());
-    if (i == 0) std::fprintf(stderr, "needle prompt: %zu tokens\n", ids.size());
+    if (i == 0) std::fprintf(stderr, "needle prompt: %zu tokens, starting %d %d %d\n", ids.size(), ids[0], ids[1], ids[2]);
     std::vector<GenerateResult> res(rows.size());
     std::vector<std::vector<float>> first(rows.size());
     for (size_t k = 0; k < rows.size(); ++k) {

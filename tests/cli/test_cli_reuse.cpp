@@ -45,11 +45,11 @@ TEST(CliReuse, NeedleTaskAndCalibrationBesideTheChunkStore) {
   const std::string dir = kvboost::test::make_temp_dir("cli_needle_" + std::to_string(getpid()));
   const std::string corpus = KVBOOST_TEST_CORPUS;
   Proc r = run("bench reuse --task needle --model " + stories() + " --corpus " + corpus +
-               " --runs 4 --docs 3 --pool 8 --doc-words 30 --chunk 32 --max-tokens 6 --per-prompt " + dir +
+               " --runs 4 --docs 2 --pool 6 --doc-words 8 --chunk 32 --max-tokens 6 --per-prompt " + dir +
                "/per.tsv --calibrate " + dir);
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
   EXPECT_NE(r.out.find("needle task: model"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("4 prompts of 3 documents"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("4 prompts of 2 documents"), std::string::npos) << r.out;
   for (const char* m : {"| full prefill |", "| prefix |", "| selective |", "| cacheblend |", "| auto |"})
     EXPECT_NE(r.out.find(m), std::string::npos) << m << "\n" << r.out;
   // The full prefill agrees with itself on every prompt: 100% first token and all tokens.
