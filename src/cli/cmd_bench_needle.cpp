@@ -143,9 +143,11 @@ void run_needle(const NeedleArgs& a) {
   // The chat template around one user message (head + content + tail), when the model has one.
   std::string head, tail;
   bool add_special = true;
+  // The model's own template only: with the built-in gemma turns (a GGUF without
+  // tokenizer.chat_template) Gemma 3 270M echoed the documents under the full prefill too
+  // (2026-12-01 run, docs/measurements/2026-12-01-reuse-auto.md), so such a model gets the plain
+  // "Question: ... Answer:" completion form.
   std::string cfg = chat_config_for(a.model, "", false);
-  // (a Gemma GGUF without tokenizer.chat_template: Gemma's own turn format, the built-in one)
-  if (cfg.empty() && e->model().config().model_type.rfind("gemma", 0) == 0) cfg = chat_config_for(a.model, "gemma", true);
   if (!cfg.empty()) {
     const std::string mark = "\x01KVBOOST_NEEDLE\x01";
     const std::string t = apply_chat_template(cfg, nlohmann::ordered_json::array({{{"role", "user"}, {"content", mark}}}), true);
