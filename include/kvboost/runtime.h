@@ -87,12 +87,19 @@ enum class ReuseMode {
   kNone,        // chunks found at other positions are reused as they are (re-positioned keys)
   kSelective,   // ... and the first repair_tokens tokens of each reused run are recomputed (EPIC)
   kCacheBlend,  // ... and the most deviated blend_ratio of reused tokens is recomputed (CacheBlend)
+  // The default: exact prefix first; for chunks found at other positions a ladder of repairs,
+  // each step kept only when the guard's per-mode error model allows it: selective (or
+  // cacheblend first, when the learned trip rates make selective the costlier start), then
+  // cacheblend over the rows selective left as they were, then an exact recompute of only the
+  // approximate span [first approximate token, n). Each step reuses the K/V the previous one
+  // left (docs/chunk-reuse.md, "auto").
+  kAuto,
 };
 const char* reuse_mode_name(ReuseMode m);
-ReuseMode parse_reuse_mode(std::string_view s);  // prefix | none | selective | cacheblend
+ReuseMode parse_reuse_mode(std::string_view s);  // auto | prefix | none | selective | cacheblend
 
 struct ReusePolicy {
-  ReuseMode mode = ReuseMode::kPrefixOnly;
+  ReuseMode mode = ReuseMode::kAuto;
   int64_t repair_tokens = 16;   // selective: tokens recomputed at the start of each reused run
   int64_t overlap_tokens = 0;   // selective: also recompute this many tokens before the run
   int64_t sink_tokens = 0;      // tokens at the start of the prompt that are always computed
@@ -217,6 +224,15 @@ struct GenerateResult {
   int64_t n_pin_refused = 0;           // chunks a pin (warm) was refused for: over the pin budget
   bool guarded = false;                // ReusePolicy::guard_lead tripped: the approximate K/V were
                                        // recomputed exactly (n_recomputed counts them)
+  // Approximate prompts: each repair the guard looked at, in order (ReuseMode::kAuto: the ladder's
+  // steps; other modes: the mode, then "recompute" when the guard tripped). The last one stands.
+  struct ReuseStep {
+    std::string repair;   // "selective" | "cacheblend" | "none" | "prefix" (a lossy store) | "recompute"
+    int64_t rows = 0;     // prompt positions this step computed through the last layer
+    float lead = 0, limit = 0;  // the first token's lead after the step, the guard's threshold
+    bool kept = false;    // the guard let it stand
+  };
+  std::vector<ReuseStep> reuse_steps;
   float first_lead = 0;                // the first token's top logit minus the runner-up's, as
                                        // the guard saw it (approximate prompts only)
   float guard_lead = 0;                // the threshold the guard compared it with (adaptive)
@@ -288,6 +304,9 @@ struct EngineOptions {
   // (chunk_store's size and disk options are then the shared store's). Keys carry each
   // engine's model_id(), so entries of different models never mix.
   std::shared_ptr<kv::ChunkStore> shared_chunk_store;
+  // The adaptive guard's calibration file (Engine::guard_file); empty: beside the chunk store's
+  // disk tier when there is one.
+  std::string guard_file;
 };
 
 class Engine;
@@ -390,6 +409,25 @@ class Engine {
   // The chunk store (nullptr when disabled).
   kv::ChunkStore* chunk_store() const { return chunks_.get(); }
 
+  // The adaptive guard's calibration (per repair mode: the last kGuardWindow lead errors, prompts
+  // checked and tripped). guard_observe adds one error sample (e.g. from a benchmark that ran
+  // the full prefill beside the reuse: `kvboost bench reuse --calibrate`).
+  struct GuardCalibration {
+    std::array<std::vector<float>, 4> errors;  // by ReuseMode (prefix-only: a quantized store's hits)
+    std::array<int64_t, 4> n_checked{}, n_tripped{};
+  };
+  GuardCalibration guard_calibration() const;
+  void guard_observe(ReuseMode mode, float error);
+  // Persistence beside the chunk store (guard_file.cpp): a text file keyed by model_id(). save
+  // writes to a temporary name and renames. load throws Error naming the file and the line for a
+  // corrupt, truncated or other model's file, and leaves the calibration as it was.
+  void save_guard_calibration(const std::string& path) const;
+  void load_guard_calibration(const std::string& path);
+  // Where this engine keeps it: EngineOptions::guard_file, else DIR/guard-<model_id>.txt beside
+  // the chunk store's disk tier (--chunk-store DIR), else "" (not persisted). Loaded at
+  // Engine::load (a bad file: a warning on stderr, ignored), saved after each learned sample.
+  const std::string& guard_file() const { return guard_file_; }
+
   // Computes and stores the chunks of a prompt (or of segments) ahead of time, pinned in RAM.
   // Returns the number of prompt tokens that were already cached.
   int64_t warm(const std::vector<int32_t>& ids, const std::vector<int64_t>& segment_starts = {},
@@ -446,8 +484,11 @@ class Engine {
   void store_chunks(Request::State& r);
   bool guard_trips(Request::State& r);
   void guard_learn(Request::State& r);
+  void guard_escalate(Request::State& r, ReuseMode to);
+  ReuseMode auto_first_rung(int64_t sel_rows, int64_t span, int64_t n_new, int64_t n_approx) const;
   // Adaptive guard: the last kGuardWindow observed lead errors per repair mode; reuse.cpp.
-  std::array<std::vector<float>, 4> guard_errors_;  // by ReuseMode (prefix-only: a quantized store's hits)
+  GuardCalibration guard_;
+  std::string guard_file_;
   mutable std::mutex guard_mu_;
   kv::SeqId next_seq_ = 1;
 };

@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 Message = Dict[str, Any]
 Prompt = Union[str, Sequence[Message]]
 
-_STRATEGIES = {"cacheblend": "cacheblend", "selective": "selective", "prefix": "prefix", "none": "none"}
+_STRATEGIES = {"auto": "auto", "cacheblend": "cacheblend", "selective": "selective", "prefix": "prefix", "none": "none"}
 _KV_BITS = {32: "f32", 8: "int8", 4: "int4"}
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20, "G": 1 << 30, "GiB": 1 << 30}
 
@@ -224,7 +224,7 @@ class KVBoost:
         self.tokenizer = Tokenizer(engine)
 
     @classmethod
-    def from_pretrained(cls, model: str, *, recompute_strategy: str = "cacheblend", chunk_size: int = 128,
+    def from_pretrained(cls, model: str, *, recompute_strategy: str = "auto", chunk_size: int = 128,
                         kv_cache_bits: int = 32, max_cache_bytes: Union[int, str] = "512MiB",
                         chunk_store: Optional[str] = None, threads: Optional[int] = None,
                         weight_budget: Union[int, str, None] = None, kv_budget: Union[int, str, None] = None,
@@ -234,6 +234,8 @@ class KVBoost:
         file, or a Hugging Face id ``ORG/NAME[@REVISION][:FILE.gguf]`` (see :func:`resolve_model`).
 
         recompute_strategy: how a prompt reuses cached chunks found at other positions:
+            "auto" (the default: the cheapest repair the guard's learned error allows, escalating
+            selective -> cacheblend -> an exact recompute of the reused span on a close call),
             "cacheblend" (recompute the most deviated ~15% of reused tokens), "selective" (the
             first tokens of each reused run), "none" (reuse as is), "prefix" (exact prefixes only).
         chunk_size: tokens per reuse chunk. kv_cache_bits: stored chunk K/V precision, 32, 8 or 4.

@@ -49,6 +49,7 @@ struct ChunkArgs {
   std::string disk_dir, ram = "512MiB", disk = "0", quant = "f32";
   std::string remote;  // --chunk-remote URL (the shared tier on Redis / Valkey)
   int64_t remote_ttl = 0;
+  std::string guard_file;  // --guard-file: the guard's calibration (default: beside --chunk-store)
   void add(CLI::App* c);
   void apply(EngineOptions& eo) const;
 };
@@ -103,5 +104,20 @@ size_t kv_bytes_for_tokens(const std::string& model_dir, int64_t n_tokens, int64
 // --blend-run-starts, --blend-first-ratio, --blend-taper, --check-layer) bound to `p`, whose
 // values are the defaults shown.
 void add_repair_options(CLI::App* c, ReusePolicy& p);
+
+// kvboost bench reuse --task needle (cmd_bench_needle.cpp): exact-match accuracy of answers whose
+// facts sit in documents reused at other positions, full prefill vs each reuse mode.
+struct NeedleArgs {
+  std::string model, corpus, quant = "f32", per_prompt;
+  std::string modes = "prefix,selective,cacheblend,auto";
+  std::string calibrate;  // non-empty: write the guard's calibration there (save_calibration)
+  int prompts = 8, docs = 6, pool = 24, doc_words = 120, chunk = 128, max_tokens = 32;
+  uint64_t seed = 1;
+  ReusePolicy repair;
+};
+void run_needle(const NeedleArgs& a);
+// Writes the engine's guard calibration to `path`, or to path/guard-<model_id>.txt when `path`
+// is a directory (what `--chunk-store DIR` then loads); prints where.
+void save_calibration(const Engine& e, const std::string& path);
 
 }  // namespace kvboost::cli

@@ -137,7 +137,8 @@ const std::vector<Mode> kModes = {{"full prefill", false, ReuseMode::kPrefixOnly
                                   {"prefix", true, ReuseMode::kPrefixOnly},
                                   {"chunk none", true, ReuseMode::kNone},
                                   {"selective", true, ReuseMode::kSelective},
-                                  {"cacheblend", true, ReuseMode::kCacheBlend}};
+                                  {"cacheblend", true, ReuseMode::kCacheBlend},
+                                  {"auto", true, ReuseMode::kAuto}};
 
 // "--modes" (comma-separated names: prefix, none, selective, cacheblend) -> kModes indices, the
 // full prefill first; an unknown name is an Error naming it and the choices.
@@ -151,7 +152,7 @@ std::vector<size_t> parse_modes(const std::string& list) {
     if (name.empty()) continue;
     size_t m = 1;
     while (m < kModes.size() && kModes[m].name != name && kModes[m].name != "chunk " + name) ++m;
-    if (m == kModes.size()) fail("--modes: unknown mode '", name, "' (choices: prefix, none, selective, cacheblend)");
+    if (m == kModes.size()) fail("--modes: unknown mode '", name, "' (choices: prefix, none, selective, cacheblend, auto)");
     if (std::find(out.begin(), out.end(), m) == out.end()) out.push_back(m);
   }
   std::sort(out.begin(), out.end());
@@ -194,7 +195,7 @@ double top_gap(const std::vector<float>& l) {
 // cold cache or last on a warm one (order bias on a shared machine); the rows compare with the
 // full prefill's logits once all have run.
 void run_modes(Engine& e, const std::vector<int32_t>& ids, const std::vector<int64_t>& segs, std::vector<Row>& rows,
-               const std::vector<size_t>& modes, const ReusePolicy& repair, size_t turn) {
+               const std::vector<size_t>& modes, const ReusePolicy& repair, size_t turn, bool calibrate = false) {
   std::vector<std::vector<float>> got(kModes.size());
   std::vector<GenerateResult> res(kModes.size());
   for (size_t k = 0; k < modes.size(); ++k) {
@@ -225,6 +226,9 @@ void run_modes(Engine& e, const std::vector<int32_t>& ids, const std::vector<int
     rows[m].tripped.push_back(r.guarded);
     if (r.approximate) rows[m].limit.push_back(r.guard_lead);
     rows[m].limit_at.push_back(r.approximate ? double(r.guard_lead) : NAN);
+    // --calibrate: the guard's error sample of this prompt (its lead against the full prefill's)
+    if (calibrate && m > 0 && r.approximate && !r.guarded && kModes[m].mode != ReuseMode::kAuto && got[m].size() >= 2)
+      e.guard_observe(kModes[m].mode, float(rows[m].err.back()));
   }
 }
 
@@ -306,7 +310,10 @@ struct Args {
   double chat_sys = 0.25;  // share of the coding system prompt that opens the chat
   std::string quant = "f32";
   std::string corpus;  // files of real text (comma-separated); empty: generated prose
-  std::string modes = "prefix,none,selective,cacheblend";  // beside the full prefill, always run
+  std::string modes = "prefix,none,selective,cacheblend,auto";  // beside the full prefill, always run
+  std::string task;       // "needle": the answer-accuracy task (cmd_bench_needle.cpp)
+  std::string calibrate;  // write the guard's calibration here (a file, or a directory: beside a chunk store)
+  int max_tokens = 32;    // needle: tokens generated per mode
   ReusePolicy repair;  // repair parameters (the mode is set per row)
   uint64_t seed = 1;
   std::string per_prompt;  // file for one line per prompt and mode (empty: none)
@@ -395,7 +402,7 @@ void run_bench(const Args& a) {
       const auto q = tok.encode("\nQuestion: " + question + "\nAnswer:", false);
       ids.insert(ids.end(), q.begin(), q.end());
       if (i == 0) std::fprintf(stderr, "rag prompt: %zu tokens\n", ids.size());
-      run_modes(*e, ids, segs, rows, modes, a.repair, size_t(i));
+      run_modes(*e, ids, segs, rows, modes, a.repair, size_t(i), !a.calibrate.empty());
     }
     print_rows("rag", rows, modes);
     dump_rows(dump.get(), "rag", rows, modes);
@@ -454,6 +461,7 @@ void run_bench(const Args& a) {
                   "%zu turns %.1fx\n", std::max(1, a.runs), ratios.size(), median(ratios));
   }
   if (auto* s = e->chunk_store()) std::printf("\n%s\n", s->stats().to_string().c_str());
+  if (!a.calibrate.empty()) save_calibration(*e, a.calibrate);
 }
 
 }  // namespace
@@ -484,7 +492,30 @@ void add_bench_reuse(CLI::App* bench) {
                 "default: generated prose");
   c->add_option("--per-prompt", a->per_prompt,
                 "Write one tab-separated line per prompt and mode (leads, the lead's error, top-1, guard) to this file");
-  c->callback([a]() { run_bench(*a); });
+  c->add_option("--task", a->task,
+                "needle: the answer-accuracy task (facts in documents reused at other positions; needs --corpus; "
+                "--runs prompts, --docs, --pool, --doc-words, --max-tokens, --modes)");
+  c->add_option("--max-tokens", a->max_tokens, "needle: tokens generated per mode (agreement with the full prefill's)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  c->add_option("--calibrate", a->calibrate,
+                "Write what the guard learned (each approximate prompt's lead error vs the full prefill) to this file, or "
+                "to DIR/guard-<model id>.txt for a directory (a chunk store's, loaded by serve/generate --chunk-store DIR)");
+  c->callback([a]() {
+    if (a->task.empty()) return run_bench(*a);
+    if (a->task != "needle") fail("--task: unknown task '", a->task, "' (choices: needle)");
+    if (a->corpus.empty()) fail("--task needle needs --corpus FILES (real text to cut the documents from)");
+    NeedleArgs n;
+    n.model = a->model, n.corpus = a->corpus, n.quant = a->quant, n.per_prompt = a->per_prompt;
+    n.calibrate = a->calibrate, n.prompts = a->runs, n.docs = a->docs, n.pool = a->pool, n.doc_words = a->doc_words;
+    n.chunk = a->chunk, n.max_tokens = a->max_tokens, n.seed = a->seed, n.repair = a->repair;
+    std::string modes;  // (the bench's default list minus none: the needle task's default)
+    for (const char* m : {"prefix", "none", "selective", "cacheblend", "auto"})
+      if (a->modes.find(m) != std::string::npos && (std::string(m) != "none" || a->modes != Args{}.modes))
+        modes += (modes.empty() ? "" : ",") + std::string(m);
+    n.modes = modes;
+    run_needle(n);
+  });
 }
 
 }  // namespace kvboost::cli

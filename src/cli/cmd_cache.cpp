@@ -1,4 +1,6 @@
 // Chunk store options shared by the commands, `kvboost warm` and `kvboost cache`.
+#include <sys/stat.h>
+
 #include <cstdio>
 
 #include "cli_util.h"
@@ -17,6 +19,20 @@ void ChunkArgs::add(CLI::App* c) {
   c->add_option("--chunk-remote-ttl", remote_ttl, "Expiry of chunks written to --chunk-remote, seconds (0 = none)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  c->add_option("--guard-file", guard_file,
+                "The reuse guard's calibration file, loaded at start and updated as it learns "
+                "(default: DIR/guard-<model id>.txt beside --chunk-store DIR; `kvboost bench reuse --calibrate` writes it)");
+}
+
+void save_calibration(const Engine& e, const std::string& path) {
+  struct stat st {};
+  const bool is_dir = ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  const std::string file = is_dir ? path_join(path, "guard-" + e.model_id() + ".txt") : path;
+  e.save_guard_calibration(file);
+  const Engine::GuardCalibration g = e.guard_calibration();
+  std::printf("guard calibration written to %s (error samples: selective %zu, cacheblend %zu, none %zu)\n", file.c_str(),
+              g.errors[size_t(ReuseMode::kSelective)].size(), g.errors[size_t(ReuseMode::kCacheBlend)].size(),
+              g.errors[size_t(ReuseMode::kNone)].size());
 }
 
 void ChunkArgs::apply(EngineOptions& eo) const {
@@ -29,6 +45,7 @@ void ChunkArgs::apply(EngineOptions& eo) const {
     fail("--chunk-remote needs the chunk store's RAM tier (fetched chunks are promoted there): --chunk-ram must not be 0");
   eo.chunk_store.remote_url = remote;
   eo.chunk_store.remote_ttl_s = remote_ttl;
+  eo.guard_file = guard_file;
 }
 
 namespace {

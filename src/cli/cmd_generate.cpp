@@ -27,7 +27,7 @@ struct GenerateArgs {
   std::vector<std::string> segments;
   ChunkArgs chunks;
   SpecArgs spec;
-  std::string reuse = "prefix";
+  std::string reuse = "auto";
   ReusePolicy repair;  // repair parameters (the mode comes from --reuse)
   int64_t ctx_size = 0;  // -c/--ctx-size: KV memory for this many tokens (0: the model's context)
   std::string chat_template, system;
@@ -170,7 +170,7 @@ void add_generate(CLI::App& app) {
   c->add_option("--cache-namespace", a->cache_namespace, "Tenant: K/V cached under one namespace is never reused by another");
   c->add_option("--repeat", a->repeat, "Run the same request this many times (later runs hit the prefix cache)")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("--segment", a->segments, "A prompt segment (system prompt, RAG document), chunked on its own (repeatable; the -p text follows them)");
-  c->add_option("--reuse", a->reuse, "Chunk reuse: prefix | none | selective | cacheblend")->capture_default_str();
+  c->add_option("--reuse", a->reuse, "Chunk reuse: auto (ladder selective -> cacheblend -> exact recompute, chosen by the guard) | prefix (exact only) | none | selective | cacheblend")->capture_default_str();
   add_repair_options(c, a->repair);
   a->chunks.add(c);
   a->spec.add(c);

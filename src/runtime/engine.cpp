@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "request.h"
 
@@ -58,6 +59,17 @@ Engine::Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt)
     const std::string cache = cs.disk_dir.empty() ? "" : path_join(cs.disk_dir, "model-identity.cache");
     model_id_ = model_identity(*model_, tok_, kv::kv_quant_name(cs.quant), cache);
     opt_.chunk_store.model_id = model_id_;
+  }
+  {  // the adaptive guard's calibration, beside the chunk store (guard_file.cpp)
+    const std::string& disk = opt_.shared_chunk_store ? opt_.shared_chunk_store->options().disk_dir : opt_.chunk_store.disk_dir;
+    guard_file_ = !opt_.guard_file.empty() ? opt_.guard_file : disk.empty() ? "" : path_join(disk, "guard-" + model_id_ + ".txt");
+    if (!guard_file_.empty() && file_exists(guard_file_)) {
+      try {
+        load_guard_calibration(guard_file_);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "kvboost: warning: %s; ignored (the guard relearns)\n", e.what());
+      }
+    }
   }
   if (opt_.chunk_size < 1) fail("chunk size ", opt_.chunk_size, " must be positive");
   const kv::ChunkShape shape{c.n_layers, c.n_kv_heads, c.head_dim};
@@ -510,6 +522,7 @@ StepStats Engine::step() {
         std::lock_guard<std::mutex> l(r->mu);
         r->res.n_recomputed = bs.n_selected + r->blend_forced;
       }
+      r->blend_rows = bs.n_rows_late;
       if (guard_trips(*r)) continue;
       r->history = r->context;
       store_chunks(*r);

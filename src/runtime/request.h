@@ -62,8 +62,20 @@ struct Request::State {
   // Set when the guard tripped: the approximate top two tokens and their lead, compared with the
   // full prefill's logits once it is done (the adaptive guard's error sample).
   bool guard_pending = false;
-  int32_t guard_top[2] = {0, 0};
-  float guard_own = 0;
+  struct GuardCheck {
+    ReuseMode mode;
+    int32_t top[2];
+    float lead;
+  };
+  std::vector<GuardCheck> guard_checks;  // the steps that tripped, learned once the exact logits are in
+  // The repair the current prefill pass applies (ReuseMode::kAuto: the ladder's step), the
+  // per-position state of the plan (0 new, 1 exact, 2 approximate), its first approximate
+  // position, and the starts of reused runs.
+  ReuseMode rung = ReuseMode::kPrefixOnly;
+  std::vector<uint8_t> pos_state;
+  int64_t first_approx = 0;
+  std::vector<int64_t> run_starts;
+  int64_t blend_rows = 0;  // rows the last CacheBlend pass computed in its last layer
   std::vector<float> logits;       // [vocab]
   std::vector<float> raw_logits;   // [vocab] copy before sampling (GenerateOptions::logprobs)
   // Chunk plan of the prompt (reuse.cpp): spans, keys, and where each chunk's K/V came from.

@@ -24,16 +24,18 @@ const char* reuse_mode_name(ReuseMode m) {
     case ReuseMode::kNone: return "none";
     case ReuseMode::kSelective: return "selective";
     case ReuseMode::kCacheBlend: return "cacheblend";
+    case ReuseMode::kAuto: return "auto";
   }
   return "?";
 }
 
 ReuseMode parse_reuse_mode(std::string_view s) {
+  if (s == "auto") return ReuseMode::kAuto;
   if (s == "prefix") return ReuseMode::kPrefixOnly;
   if (s == "none") return ReuseMode::kNone;
   if (s == "selective" || s == "epic") return ReuseMode::kSelective;
   if (s == "cacheblend" || s == "blend") return ReuseMode::kCacheBlend;
-  fail("unknown reuse strategy \"", s, "\" (expected prefix, none, selective or cacheblend)");
+  fail("unknown reuse strategy \"", s, "\" (expected auto, prefix, none, selective or cacheblend)");
 }
 
 namespace {
@@ -54,7 +56,59 @@ uint64_t dirty_content_key(const std::string& model_id, const Request::State& r,
   const uint64_t root = kv::chunk_root(model_id + repair_tag(r.opt.reuse), r.ns);
   return kv::chunk_keys(kv::chunk_first_keys(root), root, toks).content;
 }
+// One CacheBlend pass over [from, n): approximate positions past the sink tokens are candidates,
+// the rest are computed in every layer. The first blend_run_starts tokens of each run in
+// `starts` leave the candidates first, out of the same budget (the ratio over the remaining
+// candidates shrinks so that the total stays the same).
+void setup_blend(Request::State& r, int64_t from, const std::vector<int64_t>& starts) {
+  const ReusePolicy& pol = r.opt.reuse;
+  const int64_t n = int64_t(r.context.size());
+  r.blend = true;
+  r.blend_from = from;
+  r.reused.assign(size_t(n - from), 0);
+  for (int64_t p = from; p < n; ++p) r.reused[size_t(p - from)] = r.pos_state[size_t(p)] == 2 && p >= pol.sink_tokens;
+  int64_t n_cand = 0, n_forced = 0;
+  for (uint8_t x : r.reused) n_cand += x;
+  const double budget = std::ceil(double(pol.blend_ratio) * double(n_cand));
+  for (int64_t s : starts)
+    for (int64_t p = std::max(s, from); p < std::min(s + pol.blend_run_starts, n) && n_forced < budget; ++p)
+      if (r.reused[size_t(p - from)]) r.reused[size_t(p - from)] = 0, ++n_forced;
+  const int64_t left = n_cand - n_forced;
+  r.blend_forced = n_forced;
+  auto share = [&](double b) { return left > 0 ? float(std::clamp((b - double(n_forced)) / double(left), 0.0, 1.0)) : 0.0f; };
+  r.blend_ratio = share(budget);
+  r.blend_first_ratio = share(std::ceil(double(pol.blend_first_ratio) * double(n_cand)));
+  r.todo.clear();
+  r.todo_next = 0;
+}
 }  // namespace
+
+// ReuseMode::kAuto's first step: the rung whose expected cost, escalations included, is the
+// least. Costs are in rows (one token through every layer): selective computes sel_rows;
+// CacheBlend computes the span through the layers up to its check layer, then the new tokens
+// plus its budget; the exact recompute computes the span. The chance that a step trips the
+// guard is estimated from the steps checked so far (Laplace's rule: (tripped + 1) / (checked + 2)),
+// so a model whose selective repair keeps tripping starts at CacheBlend.
+ReuseMode Engine::auto_first_rung(int64_t sel_rows, int64_t span, int64_t n_new, int64_t n_approx) const {
+  const ModelConfig& c = model_->config();
+  const ReusePolicy def;
+  const double L = double(std::max<int64_t>(1, c.n_layers)), check = double(std::min<int64_t>(def.blend_check_layer, c.n_layers));
+  const double c_blend = (double(span) * check + double(n_new) * (L - check) +
+                          std::max(def.blend_first_ratio, def.blend_ratio) * double(n_approx) * double(def.blend_taper_layers) +
+                          def.blend_ratio * double(n_approx) * std::max(0.0, L - check - double(def.blend_taper_layers))) / L;
+  const double c_full = double(span);
+  double p_sel, p_blend;
+  {
+    std::lock_guard<std::mutex> lock(guard_mu_);
+    auto rate = [&](ReuseMode m) {
+      return double(guard_.n_tripped[size_t(m)] + 1) / double(guard_.n_checked[size_t(m)] + 2);
+    };
+    p_sel = rate(ReuseMode::kSelective), p_blend = rate(ReuseMode::kCacheBlend);
+  }
+  const double e_sel = double(sel_rows) + p_sel * (c_blend + p_blend * c_full);
+  const double e_blend = c_blend + p_blend * c_full;
+  return e_sel <= e_blend ? ReuseMode::kSelective : ReuseMode::kCacheBlend;
+}
 
 void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
   const ModelConfig& c = model_->config();
@@ -173,34 +227,26 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
   int64_t n_exact = 0, n_approx = 0;
   for (int64_t p = 0; p < n; ++p) n_exact += state[size_t(p)] == 1, n_approx += state[size_t(p)] == 2;
   int64_t n_recomputed = 0;
-  if (n_approx > 0 && pol.mode == ReuseMode::kSelective) {
-    auto mark = [&](int64_t a, int64_t b) {
-      for (int64_t p = std::max<int64_t>(a, 0); p < std::min(b, n); ++p)
-        if (state[size_t(p)] == 2) compute[size_t(p)] = 1;
-    };
-    for (int64_t s : run_starts) mark(s - pol.overlap_tokens, s + pol.repair_tokens);
-    mark(0, pol.sink_tokens);
+  r.pos_state = state;
+  r.first_approx = first_approx;
+  r.run_starts = run_starts;
+  // The selective repair's rows: the run starts (and overlap, sink) among the approximate ones.
+  std::vector<uint8_t> sel = compute;
+  auto mark = [&](int64_t a, int64_t b) {
+    for (int64_t p = std::max<int64_t>(a, 0); p < std::min(b, n); ++p)
+      if (state[size_t(p)] == 2) sel[size_t(p)] = 1;
+  };
+  for (int64_t s : run_starts) mark(s - pol.overlap_tokens, s + pol.repair_tokens);
+  mark(0, pol.sink_tokens);
+  ReuseMode mode = pol.mode;
+  if (mode == ReuseMode::kAuto) {
+    int64_t sel_rows = 0, n_new_after = 0;
+    for (int64_t p = first_approx; p < n; ++p) sel_rows += sel[size_t(p)], n_new_after += state[size_t(p)] == 0;
+    mode = n_approx > 0 ? auto_first_rung(sel_rows, n - first_approx, n_new_after, n_approx) : ReuseMode::kPrefixOnly;
   }
-  if (n_approx > 0 && pol.mode == ReuseMode::kCacheBlend) {
-    // One CacheBlend pass over [frontier, n): approximate tokens are candidates, the rest computed.
-    r.blend = true;
-    r.blend_from = frontier;
-    r.reused.assign(size_t(n - frontier), 0);
-    for (int64_t p = frontier; p < n; ++p) r.reused[size_t(p - frontier)] = state[size_t(p)] == 2 && p >= pol.sink_tokens;
-    // Run starts first, out of the same budget: they leave the candidates (computed in every
-    // layer) and the ratio over the remaining candidates shrinks so the total stays the same.
-    int64_t n_cand = 0, n_forced = 0;
-    for (uint8_t x : r.reused) n_cand += x;
-    const double budget = std::ceil(double(pol.blend_ratio) * double(n_cand));
-    for (int64_t s : run_starts)
-      for (int64_t p = std::max(s, frontier); p < std::min(s + pol.blend_run_starts, n) && n_forced < budget; ++p)
-        if (r.reused[size_t(p - frontier)]) r.reused[size_t(p - frontier)] = 0, ++n_forced;
-    const int64_t left = n_cand - n_forced;
-    r.blend_forced = n_forced;
-    auto share = [&](double b) { return left > 0 ? float(std::clamp((b - double(n_forced)) / double(left), 0.0, 1.0)) : 0.0f; };
-    r.blend_ratio = share(budget);
-    r.blend_first_ratio = share(std::ceil(double(pol.blend_first_ratio) * double(n_cand)));
-  }
+  r.rung = mode;
+  if (n_approx > 0 && mode == ReuseMode::kSelective) compute = sel;
+  if (n_approx > 0 && mode == ReuseMode::kCacheBlend) setup_blend(r, frontier, run_starts);
   r.todo.clear();
   r.todo_next = 0;
   for (int64_t p = 0; p < n; ++p) {
@@ -288,65 +334,128 @@ void remember(std::vector<float>& v, float x) {
 }  // namespace
 
 // The prefill of a prompt with approximate K/V is done and its logits are in r.logits. When the
-// first token is a close call (top-1 lead under the guard's threshold), the approximate span is
-// planned again as an ordinary prefill of [guard_from, n), which overwrites every approximate
-// K/V with the full prefill's (as after an exact prefix hit: the full prefill's logits up to
-// float rounding), and true is returned: the request stays in its prefill. Its chunks are then
-// stored under prefix keys. When that prefill is done, the next call learns how far the
-// approximate lead was from the full prefill's (the adaptive guard's error sample).
+// first token is a close call (top-1 lead under the guard's threshold for the repair that ran),
+// the request escalates and true is returned (it stays in its prefill): ReuseMode::kAuto after
+// selective runs a CacheBlend pass over the approximate span, whose candidates keep the K/V the
+// selective pass left unless their deviation picks them; otherwise the approximate span
+// [first_approx, n) is planned again as an ordinary prefill, which overwrites every approximate
+// K/V with the full prefill's (positions before it are exact already: the exact prefix and new
+// tokens that attended only to it), giving the full prefill's logits up to float rounding. Its
+// chunks are then stored under prefix keys. When that prefill is done, the next call learns how
+// far each tripped step's lead was from the full prefill's (the adaptive guard's error samples).
 bool Engine::guard_trips(Request::State& r) {
-  if (r.guard_pending) {
-    guard_learn(r);
+  auto top_two = [&](int32_t* ia, int32_t* ib) {
+    float a = -INFINITY, b = -INFINITY;
+    *ia = *ib = 0;
+    for (size_t i = 0; i < r.logits.size(); ++i) {
+      const float x = r.logits[i];
+      if (x > a) b = a, *ib = *ia, a = x, *ia = int32_t(i);
+      else if (x > b) b = x, *ib = int32_t(i);
+    }
+    return a - b;
+  };
+  if (r.guard_pending) {  // the exact recompute is done
+    r.guard_pending = false;
+    int32_t ia, ib;
+    const float lead = top_two(&ia, &ib);
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      if (!r.res.reuse_steps.empty()) r.res.reuse_steps.back().lead = lead;
+    }
+    if (r.opt.reuse.guard_risk > 0) guard_learn(r);
+    r.guard_checks.clear();
     return false;
   }
   if (!r.approx || !r.res.output_ids.empty()) return false;
-  r.approx = false;  // one check per request
-  float a = -INFINITY, b = -INFINITY;
-  int32_t ia = 0, ib = 0;
-  for (size_t i = 0; i < r.logits.size(); ++i) {
-    const float x = r.logits[i];
-    if (x > a) b = a, ib = ia, a = x, ia = int32_t(i);
-    else if (x > b) b = x, ib = int32_t(i);
-  }
-  const float lead = a - b;
+  int32_t ia, ib;
+  const float lead = top_two(&ia, &ib);
   const ReusePolicy& p = r.opt.reuse;
+  const ReuseMode rung = r.rung;
   float limit = p.guard_lead;
   if (limit > 0 && p.guard_risk > 0) {
     std::lock_guard<std::mutex> lock(guard_mu_);
-    limit = guard_threshold(guard_errors_[size_t(p.mode)], p.guard_risk, limit);
+    limit = guard_threshold(guard_.errors[size_t(rung)], p.guard_risk, limit);
+  }
+  const bool trip = lead < limit;  // (0: off)
+  if (limit > 0) {
+    std::lock_guard<std::mutex> lock(guard_mu_);
+    ++guard_.n_checked[size_t(rung)];
+    guard_.n_tripped[size_t(rung)] += trip;
   }
   {
     std::lock_guard<std::mutex> lock(r.mu);
     r.res.first_lead = lead;
     r.res.guard_lead = limit;
     r.res.approximate = true;
+    r.res.reuse_steps.push_back({reuse_mode_name(rung), r.blend ? r.blend_rows : int64_t(r.todo.size()), lead, limit, !trip});
   }
-  if (!(lead < limit)) return false;  // (0: off)
-  r.guard_pending = p.guard_risk > 0;
-  r.guard_top[0] = ia, r.guard_top[1] = ib;
-  r.guard_own = lead;
-  const int64_t n = int64_t(r.context.size());
-  r.blend = false;
-  r.todo.clear();
-  r.todo_next = 0;
-  for (int64_t q = r.guard_from; q < n; ++q) r.todo.push_back(int32_t(q));
-  r.exact_limit = r.context_limit = INT64_MAX;
-  for (size_t i = 0; i < r.chunks.size(); ++i)
-    if (r.chunks[i].end > r.guard_from && (r.chunk_src[i] == Src::kStoreContent || r.chunk_src[i] == Src::kStorePrefix))
-      r.chunk_src[i] = Src::kComputed;
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.res.guarded = true;
-  r.res.n_recomputed = r.res.n_reused - std::min(r.guard_from, r.res.n_reused);
+  if (!trip) {
+    r.approx = false;
+    return false;
+  }
+  r.guard_checks.push_back({rung, {ia, ib}, lead});
+  guard_escalate(r, p.mode == ReuseMode::kAuto && rung == ReuseMode::kSelective ? ReuseMode::kCacheBlend
+                                                                                 : ReuseMode::kPrefixOnly);
   return true;
 }
 
-// r.logits are the full prefill's now: the error of the approximate lead of the same two tokens
-// (approximate minus full; positive: the reuse overstated the lead).
+// to: kCacheBlend (the ladder's middle step) or kPrefixOnly (the exact recompute of the span).
+void Engine::guard_escalate(Request::State& r, ReuseMode to) {
+  const int64_t n = int64_t(r.context.size());
+  if (to == ReuseMode::kCacheBlend) {
+    // Run starts are not forced again: the selective pass recomputed them.
+    setup_blend(r, r.first_approx, {});
+    r.rung = ReuseMode::kCacheBlend;
+    return;
+  }
+  r.approx = false;
+  r.guard_pending = true;
+  r.blend = false;
+  r.todo.clear();
+  r.todo_next = 0;
+  int64_t n_recomputed = 0;
+  for (int64_t q = r.first_approx; q < n; ++q) {
+    r.todo.push_back(int32_t(q));
+    n_recomputed += r.pos_state[size_t(q)] != 0;
+  }
+  r.exact_limit = r.context_limit = INT64_MAX;
+  for (size_t i = 0; i < r.chunks.size(); ++i)
+    if (r.chunks[i].end > r.first_approx && (r.chunk_src[i] == Src::kStoreContent || r.chunk_src[i] == Src::kStorePrefix))
+      r.chunk_src[i] = Src::kComputed;
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.res.guarded = true;
+  r.res.n_recomputed = n_recomputed;
+  r.res.reuse_steps.push_back({"recompute", n - r.first_approx, 0, 0, true});
+}
+
+// r.logits are the full prefill's now: the error of each tripped step's lead of its own top two
+// tokens (approximate minus full; positive: the reuse overstated the lead).
 void Engine::guard_learn(Request::State& r) {
-  r.guard_pending = false;
-  const float exact = r.logits[size_t(r.guard_top[0])] - r.logits[size_t(r.guard_top[1])];
+  {
+    std::lock_guard<std::mutex> lock(guard_mu_);
+    for (const auto& g : r.guard_checks) {
+      const float exact = r.logits[size_t(g.top[0])] - r.logits[size_t(g.top[1])];
+      remember(guard_.errors[size_t(g.mode)], g.lead - exact);
+    }
+  }
+  if (!guard_file_.empty()) {
+    try {
+      save_guard_calibration(guard_file_);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "kvboost: warning: guard calibration not saved: %s\n", e.what());
+    }
+  }
+}
+
+Engine::GuardCalibration Engine::guard_calibration() const {
   std::lock_guard<std::mutex> lock(guard_mu_);
-  remember(guard_errors_[size_t(r.opt.reuse.mode)], r.guard_own - exact);
+  return guard_;
+}
+
+void Engine::guard_observe(ReuseMode mode, float error) {
+  if (mode == ReuseMode::kAuto) fail("guard_observe: an error sample belongs to one repair (not auto)");
+  std::lock_guard<std::mutex> lock(guard_mu_);
+  remember(guard_.errors[size_t(mode)], error);
 }
 
 void Engine::store_chunks(Request::State& r) {

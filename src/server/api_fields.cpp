@@ -174,7 +174,7 @@ void parse_common(const ojson& body, const ApiContext& ctx, ParsedRequest& p) {
     if (r->is_string()) {
       mode = r->get<std::string>();
     } else if (r->is_object()) {
-      mode = get_string(*r, "mode").value_or("prefix");
+      mode = get_string(*r, "mode").value_or("auto");
       if (auto n = get_int(*r, "repair_tokens", 0, 1 << 20)) p.opt.reuse.repair_tokens = *n;
       if (auto n = get_int(*r, "overlap_tokens", 0, 1 << 20)) p.opt.reuse.overlap_tokens = *n;
       if (auto n = get_int(*r, "sink_tokens", 0, 1 << 20)) p.opt.reuse.sink_tokens = *n;
@@ -189,7 +189,7 @@ void parse_common(const ojson& body, const ApiContext& ctx, ParsedRequest& p) {
       if (auto f = get_number(*r, "guard_risk", 0.0, 1.0)) p.opt.reuse.guard_risk = float(*f);
       if (auto b = get_bool(*r, "store")) p.opt.reuse.store = *b;
     } else {
-      bad(std::string("'reuse' must be a string (prefix | none | selective | cacheblend) or an object, got ") +
+      bad(std::string("'reuse' must be a string (auto | prefix | none | selective | cacheblend) or an object, got ") +
               type_name(*r),
           "reuse", "invalid_type");
     }
