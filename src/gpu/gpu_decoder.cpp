@@ -22,6 +22,7 @@
 
 #include "../kernels/cuda/cuda_kernels.h"
 #include "kvboost/gpu.h"
+#include "kvboost/model_files.h"
 
 namespace kvboost::gpu {
 
