@@ -1,6 +1,7 @@
 // A safetensors file (header and data) -> WeightFiles::open_file.
 #include "fuzz_util.h"
 #include "kvboost/model.h"
+#include "kvboost/model_files.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string& path = kvboost::fuzz::write_input(data, size, ".safetensors");

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "kvboost/model.h"
+#include "testing/fixture.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Write a random-weight model directory (config.json, generation_config.json, "

@@ -1,5 +1,8 @@
-// kvboost/model.h — Hugging Face model directories: config, safetensors weights (memory-mapped),
-// the Llama-family decoder (llama, mistral, qwen2, qwen3) and its forward pass.
+// kvboost/model.h — the model module's public API: ModelConfig (config.json / GGUF metadata),
+// LoadOptions, and the Model handle (load, forward passes over caller-owned K/V views,
+// CacheBlend repair). Architectures: llama, mistral, qwen2, qwen3, gemma3 (src/model/arch/).
+// The weight-file layer (safetensors / GGUF tensors) is kvboost/model_files.h; the test
+// fixture writer is the kvboost_testing library (src/testing/fixture.h).
 // Uses kvboost/common.h and kvboost/kernels.h.
 #pragma once
 
@@ -100,55 +103,6 @@ GgufTokenizerFiles gguf_tokenizer_files(const std::string& gguf_path);
 
 // The model_type values this build runs.
 const std::vector<std::string>& supported_model_types();
-
-// One tensor inside a mapped safetensors file.
-struct TensorInfo {
-  std::string name;
-  std::string dtype;  // as written in the file ("BF16", "F32", "I64", ...)
-  std::vector<int64_t> shape;
-  const void* data = nullptr;
-  size_t nbytes = 0;
-  std::string file;
-};
-
-// All tensors of a model directory: model.safetensors, or the shards listed by
-// model.safetensors.index.json. Files are memory-mapped; tensors are not copied.
-class WeightFiles {
- public:
-  static WeightFiles open_dir(const std::string& dir);
-  static WeightFiles open_file(const std::string& path);  // one .safetensors file
-  // A GGUF model file, its tensors presented under Hugging Face names and shapes
-  // (model.layers.N.self_attn.q_proj.weight [rows, cols], ...). F32/F16/BF16 tensors stay in
-  // the mapping, and so do quantized matrices (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K; dtype = that name,
-  // the matmul reads the blocks); llama's Q/K rows are un-permuted back to HF order (whole
-  // quantized rows, into owned copies made once at load). keep_quantized = false dequantizes
-  // quantized tensors once into owned f32 buffers instead (for a consumer without quantized
-  // kernels: the GPU decoder).
-  static WeightFiles open_gguf(const std::string& path, bool keep_quantized = true);
-  const TensorInfo* find(const std::string& name) const;
-  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
-  size_t total_bytes() const;
-  // The mapped weight files, in load order.
-  std::vector<std::string> paths() const;
-  // Touches every page so that the first forward pass does not pay for page faults.
-  void prefault(const std::function<void(size_t done, size_t total)>& progress) const;
-  // Layer streaming (defined in layer_stream.cpp): the mapped file and offset holding
-  // [p, p + n), or false when the bytes live in an owned buffer (re-laid-out at load).
-  bool locate(const void* p, size_t n, std::string* path, uint64_t* offset) const;
-  // Frees the owned buffer holding p (after streaming copied it elsewhere); tensors whose data
-  // was in it get data = nullptr.
-  void release_owned(const void* p);
-
- private:
-  void add_file(const std::string& path, const std::vector<std::string>* only);
-  // config.json's quantization_config (AWQ 4-bit gemm): validates it and repacks every
-  // <prefix>.qweight/.qzeros/.scales into one "Q4_Z" tensor <prefix>.weight [out, in] held in
-  // owned_ (src/model/awq.cpp). No-op without quantization_config.
-  void apply_quantization(const std::string& dir);
-  std::vector<std::shared_ptr<MappedFile>> files_;
-  std::map<std::string, TensorInfo> tensors_;
-  std::vector<std::shared_ptr<std::vector<uint8_t>>> owned_;  // realigned / dequantized / repacked
-};
 
 // A weight matrix or vector as the kernels see it.
 struct Weight {
@@ -274,8 +228,8 @@ struct LoadOptions {
   std::function<void(const std::string& stage, size_t done, size_t total)> progress;
 };
 
-namespace stream {
-class LayerStreamer;
+namespace detail {
+struct ModelImpl;  // src/model/model_impl.h: weights, architecture, RoPE tables, streamer
 }
 
 class Model {
@@ -286,7 +240,7 @@ class Model {
   ~Model();
 
   const ModelConfig& config() const { return cfg_; }
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const;
   // Bytes of the weights the model holds (matrices in their stored types, quantized blocks as
   // blocks; norm and bias vectors as f32), i.e. resident when not layer-streaming
   // (stream_info().resident_bytes says what streaming keeps). Depends only on the checkpoint
@@ -297,14 +251,14 @@ class Model {
   // lm_head, in their stored types (decode's bandwidth bound is this / the read bandwidth).
   size_t decode_weight_bytes() const;
   // The weight files the model was loaded from, in load order (model_identity hashes them).
-  std::vector<std::string> weight_paths() const { return files_.paths(); }
+  std::vector<std::string> weight_paths() const;
 
   // The embedding table and the output projection as the forward pass reads them (the same
   // data when tied and not quantized at load).
-  const Weight& embedding() const { return embed_; }
-  const Weight& lm_head() const { return lm_head_; }
+  const Weight& embedding() const;
+  const Weight& lm_head() const;
   // Matrices repacked at load (LoadOptions::pack_weights); 0 when every one is as stored.
-  int64_t n_packed() const { return int64_t(packed_.size()); }
+  int64_t n_packed() const;
 
   // Layer streaming state and counters (LoadOptions::weight_budget); streaming = false when
   // every weight is resident.
@@ -347,66 +301,15 @@ class Model {
 
   // RoPE inverse frequencies [head_dim / 2] (rope scaling applied), for re-positioning keys.
   // Gemma 3's sliding layers rotate with another base: pass the layer for its frequencies.
-  const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
+  const std::vector<float>& rope_inv_freq() const;
   const std::vector<float>& rope_inv_freq(int64_t layer) const;
-
-  struct Layer;
 
  private:
   Model();
   ModelConfig cfg_;
-  std::string dir_;
-  WeightFiles files_;
-  Weight embed_, final_norm_, lm_head_;
-  std::vector<Layer> layers_;
-  std::vector<float> final_norm_store_;
-  std::vector<uint8_t> lm_head_store_;  // the head quantized at load (head_quant), or empty
-  void quantize_head(const LoadOptions& opt, bool awq);
-  // LoadOptions::pack_weights: the packed copies the Weights' `packed` point at.
-  std::vector<std::unique_ptr<kernels::PackedWeight>> packed_;
-  size_t pack_weights(const LoadOptions& opt);  // returns the bytes packed
-  std::vector<float> inv_freq_;  // [head_dim / 2]
-  std::vector<float> inv_freq_local_;  // sliding layers' (rope_local_theta), or empty
-  std::unique_ptr<stream::LayerStreamer> stream_;  // null: every layer resident
-  uint64_t resident_bytes_ = 0;
-  void setup_streaming(const LoadOptions& opt);
-
-  void embed(const int32_t* tokens, int64_t n, float* x) const;  // x: [n, hidden] f32
-  // rows/work: decoder.cpp's internal Rows and Work (kept out of this header).
-  void run_layer(int64_t l, const SeqBatch* seqs, const void* rows, void* work,
-                 const std::function<void(const float*, const float*)>* before_write,
-                 bool kv_only = false) const;
+  std::unique_ptr<detail::ModelImpl> impl_;  // src/model/model_impl.h
 };
 
-// Writes a random-weight model directory of the given architecture (config.json,
-// generation_config.json, model.safetensors or shards, and a tokenizer when tokenizer_kind is
-// not empty) for tests, benchmarks and the offline demo.
-struct FixtureSpec {
-  std::string arch = "llama";  // llama | mistral | qwen2 | qwen3
-  std::string dtype = "f32";   // f32 | f16 | bf16
-  int64_t hidden = 64, intermediate = 172, layers = 2, heads = 8, kv_heads = 4, head_dim = 0;
-  int64_t vocab = 0;  // 0: the tokenizer's size (or 512 without tokenizer)
-  int64_t max_pos = 2048;
-  bool tie = true;
-  std::string rope_scaling;  // "" | "llama3"
-  int64_t sliding_window = 0;
-  int shards = 1;
-  uint64_t seed = 1;
-  double rope_theta = 10000.0;
-  std::string tokenizer_kind = "bytelevel";  // "" | bytelevel | sentencepiece
-  std::string tokenizer_dir;                 // copy tokenizer files from here instead
-  float init_std = 0.02f;
-  // "awq": every q/k/v/o/gate/up/down projection not named in awq_not_convert is written as an
-  // AutoAWQ 4-bit gemm layer (qweight/qzeros/scales, per-group min/max asymmetric quantization
-  // of the same random weights) and config.json gets the quantization_config; the other tensors
-  // stay in `dtype`. In features must be multiples of group_size (a multiple of 32).
-  std::string quant;  // "" | "awq"
-  int64_t group_size = 128;
-  std::vector<std::string> awq_not_convert;  // modules_to_not_convert (substring match)
-  // With quant: also write the model that the quantized one exactly represents (dequantized
-  // projections, other tensors as rounded to `dtype`) as a plain f32 directory here.
-  std::string dequant_dir;
-};
 // ---- model identity (src/model/identity.cpp) ----
 // The content identity of a model for keys of stored K/V (chunk stores, shared tiers): never
 // equal for two models whose K/V could differ, equal for a renamed or copied file. XXH3-128
@@ -420,7 +323,5 @@ std::string model_identity(const Model& m, const Tokenizer& tok, std::string_vie
 // XXH3-128 of one file's bytes as 32 hex digits, memoized as model_identity says.
 std::string weight_file_hash(const std::string& path, const std::string& cache_file = "");
 
-FixtureSpec fixture_preset(const std::string& name);  // tiny | qwen2.5-0.5b | qwen2.5-1.5b | llama3.2-1b
-void write_fixture_model(const std::string& dir, const FixtureSpec& spec);
 
 }  // namespace kvboost

@@ -10,6 +10,7 @@
 
 #include "kvboost/chat.h"
 #include "kvboost/hub.h"
+#include "testing/fixture.h"
 
 namespace kvboost::cli {
 

@@ -1,5 +1,5 @@
 // The GPU decoder (built only with -DKVBOOST_CUDA=ON): the Llama-family forward pass of
-// src/model/decoder.cpp on the device, with layer weights resident or streamed from pinned host
+// the CPU decoder (src/model/forward.cpp, arch/) on the device, with layer weights resident or streamed from pinned host
 // memory through S device slots.
 //
 // Layer streaming. Each layer's weights are packed into one contiguous block (matrices in their
@@ -22,6 +22,7 @@
 
 #include "../kernels/cuda/cuda_kernels.h"
 #include "kvboost/gpu.h"
+#include "kvboost/model_files.h"
 
 namespace kvboost::gpu {
 
@@ -288,7 +289,7 @@ struct Decoder::Impl {
     std::memcpy(st, tokens, size_t(n) * 4);
     float* cs_h = reinterpret_cast<float*>(stage.as<uint8_t>() + align_up(size_t(opt.max_batch) * 4));
     float* sn_h = cs_h + opt.max_batch * half;
-    // The CPU decoder's tables (decoder.cpp rope_tables): float angle, cos/sin in double.
+    // The CPU decoder's tables (src/model/forward.cpp rope_tables): float angle, cos/sin in double.
     for (int64_t t = 0; t < n; ++t)
       for (int64_t i = 0; i < half; ++i) {
         const float ang = float(n_past + t) * inv_freq[size_t(i)];
@@ -398,7 +399,7 @@ LayerLayout layout_of(const WeightFiles& f, const std::string& dir, const ModelC
   vec(kQBias, nq, c.attention_bias);
   vec(kKBias, nkv, c.attention_bias);
   vec(kVBias, nkv, c.attention_bias);
-  vec(kOBias, H, c.attention_bias && c.model_type != "qwen2");  // as decoder.cpp
+  vec(kOBias, H, c.attention_bias && c.model_type != "qwen2");  // as src/model/arch/qwen2.cpp
   lay.bytes = off;
   lay.window = c.layer_window.empty() ? 0 : c.layer_window[size_t(l)];
   return lay;

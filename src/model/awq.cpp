@@ -15,6 +15,7 @@
 
 #include "kvboost/common.h"
 #include "kvboost/model.h"
+#include "kvboost/model_files.h"
 
 namespace kvboost {
 

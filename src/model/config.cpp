@@ -4,6 +4,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "arch.h"
 #include "kvboost/model.h"
 
 namespace kvboost {
@@ -11,7 +12,11 @@ namespace kvboost {
 using nlohmann::json;
 
 const std::vector<std::string>& supported_model_types() {
-  static const std::vector<std::string> types = {"llama", "mistral", "qwen2", "qwen3", "gemma3"};
+  static const std::vector<std::string> types = [] {
+    std::vector<std::string> t;
+    for (const arch::Arch* a : arch::all()) t.push_back(a->model_type);
+    return t;
+  }();
   return types;
 }
 
@@ -25,8 +30,12 @@ json parse(const std::string& text, const std::string& source) {
   }
 }
 
-int64_t get_int(const json& j, const char* key, const std::string& source,
-                std::optional<int64_t> def = std::nullopt, int64_t min_value = 1) {
+}  // namespace
+
+namespace cfgjson {
+
+int64_t get_int(const json& j, const char* key, const std::string& source, std::optional<int64_t> def,
+                int64_t min_value) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
     if (def) return *def;
@@ -51,6 +60,19 @@ bool get_bool(const json& j, const char* key, const std::string& source, bool de
   if (!it->is_boolean()) fail(source, ": field \"", key, "\" must be true or false, got ", it->dump());
   return it->get<bool>();
 }
+
+void require_silu(const json& j, const std::string& source, ModelConfig& c) {
+  c.hidden_act = j.value("hidden_act", std::string("silu"));
+  if (c.hidden_act != "silu") fail(source, ": hidden_act \"", c.hidden_act, "\" is not supported (silu)");
+}
+
+}  // namespace cfgjson
+
+namespace {
+
+using cfgjson::get_bool;
+using cfgjson::get_int;
+using cfgjson::get_num;
 
 std::vector<int32_t> get_ids(const json& j, const char* key, const std::string& source) {
   std::vector<int32_t> out;
@@ -80,16 +102,14 @@ ModelConfig ModelConfig::from_json(const std::string& config_json,
   auto mt = j.find("model_type");
   if (mt == j.end() || !mt->is_string()) fail(source, ": missing field \"model_type\"");
   c.model_type = mt->get<std::string>();
-  // Gemma 3's text-only checkpoints (270M, 1B: Gemma3ForCausalLM) say gemma3_text; the
-  // multimodal ones say gemma3 with the text model's fields under text_config (not supported).
-  if (c.model_type == "gemma3_text") c.model_type = "gemma3";
-  if (c.model_type == "gemma3" && j.contains("text_config") && !j.contains("hidden_size"))
-    fail(source, ": a multimodal Gemma 3 config (fields under \"text_config\") is not supported; "
-         "text-only checkpoints (model_type gemma3_text) are");
-  const auto& types = supported_model_types();
-  if (std::find(types.begin(), types.end(), c.model_type) == types.end()) {
+  // The architecture (src/model/arch/): its aliases (Gemma 3's text-only checkpoints say
+  // gemma3_text) and its own checks on the raw config.
+  const arch::Arch* a = arch::find(c.model_type);
+  if (a) c.model_type = a->model_type;
+  if (a && a->check_json) a->check_json(j, source);
+  if (!a) {
     std::string list;
-    for (const auto& t : types) list += (list.empty() ? "" : ", ") + t;
+    for (const auto& t : supported_model_types()) list += (list.empty() ? "" : ", ") + t;
     fail(source, ": unsupported model_type \"", c.model_type, "\" (supported: ", list, ")");
   }
   c.hidden_size = get_int(j, "hidden_size", source);
@@ -130,30 +150,9 @@ ModelConfig ModelConfig::from_json(const std::string& config_json,
     fail(source, ": field \"rope_theta\" = ", c.rope_theta, " must be a positive finite number");
   if (!(c.rms_norm_eps > 0) || !(c.rms_norm_eps < 1))
     fail(source, ": field \"rms_norm_eps\" = ", c.rms_norm_eps, " must be in (0, 1)");
-  const bool gemma3 = c.model_type == "gemma3";
-  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", source, gemma3);
-  c.attention_bias = c.model_type == "qwen2" ? true : get_bool(j, "attention_bias", source, false);
-  c.qk_norm = c.model_type == "qwen3" || gemma3;
+  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", source, a->tie_default);
   if (get_bool(j, "mlp_bias", source, false)) fail(source, ": mlp_bias = true is not supported");
-  // Gemma's config names the activation hidden_activation (hidden_act is a legacy field).
-  const char* act_key = gemma3 && j.contains("hidden_activation") ? "hidden_activation" : "hidden_act";
-  c.hidden_act = j.value(act_key, std::string(gemma3 ? "gelu_pytorch_tanh" : "silu"));
-  if (c.hidden_act != "silu" && !(gemma3 && c.hidden_act == "gelu_pytorch_tanh"))
-    fail(source, ": ", act_key, " \"", c.hidden_act, "\" is not supported (", gemma3 ? "gelu_pytorch_tanh" : "silu", ")");
-  if (gemma3) {
-    // Hugging Face Gemma3TextModel: embeddings * sqrt(hidden_size), sandwich norms, q/k norms,
-    // RMSNorm weights as 1 + w, attention scale query_pre_attn_scalar^-0.5, local RoPE base
-    // for the sliding layers.
-    c.embed_scale = std::sqrt(float(c.hidden_size));
-    c.sandwich_norms = true;
-    c.norm_weight_offset = 1.0f;
-    c.query_pre_attn_scalar = get_num(j, "query_pre_attn_scalar", source, double(c.head_dim));
-    if (!(c.query_pre_attn_scalar > 0)) fail(source, ": query_pre_attn_scalar must be positive");
-    c.rope_local_theta = get_num(j, "rope_local_base_freq", source, 10000.0);
-    for (const char* cap : {"final_logit_softcapping", "attn_logit_softcapping"})
-      if (get_num(j, cap, source, 0.0) != 0.0)
-        fail(source, ": ", cap, " = ", j[cap].dump(), " is not supported (Gemma 3 has none)");
-  }
+  a->configure(j, source, c);  // attention_bias, qk_norm, hidden_act, the architecture's own
 
   auto rs = j.find("rope_scaling");
   if (rs != j.end() && !rs->is_null()) {
@@ -184,19 +183,8 @@ ModelConfig ModelConfig::from_json(const std::string& config_json,
       fail(source, ": layer_types has ", lt->size(), " entries for ", c.n_layers, " layers");
     for (int64_t i = 0; i < c.n_layers; ++i)
       if ((*lt)[size_t(i)] == "sliding_attention") c.layer_window[size_t(i)] = window;
-  } else if (gemma3) {
-    // Gemma 3: every sliding_window_pattern-th layer is global, the others slide (llama.cpp
-    // llama_hparams::set_swa_pattern: layer il slides iff il % n < n - 1).
-    const int64_t pattern = get_int(j, "sliding_window_pattern", source, 6);
-    for (int64_t i = 0; i < c.n_layers; ++i)
-      if (i % pattern < pattern - 1) c.layer_window[size_t(i)] = window;
-  } else if (c.model_type == "mistral") {
-    for (auto& w : c.layer_window) w = window;
-  } else if (c.model_type == "qwen2" || c.model_type == "qwen3") {
-    if (get_bool(j, "use_sliding_window", source, false) && window > 0) {
-      int64_t from = get_int(j, "max_window_layers", source, c.n_layers, 0);
-      for (int64_t i = from; i < c.n_layers; ++i) c.layer_window[size_t(i)] = window;
-    }
+  } else if (a->default_windows) {
+    a->default_windows(j, source, window, c);
   }
 
   if (auto b = get_ids(j, "bos_token_id", source); !b.empty()) c.bos_token_id = b[0];

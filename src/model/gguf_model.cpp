@@ -1,6 +1,7 @@
 // Llama-family models from GGUF files: hyper-parameters from the metadata (turned into the
-// config.json fields ModelConfig::from_json already validates) and tensors renamed to the
-// Hugging Face names the decoder binds, so the decoder has one weight-binding path.
+// config.json fields ModelConfig::from_json already validates; an architecture's own keys by
+// its gguf_config) and tensors renamed by the architecture's tensor table to the Hugging Face
+// names the decoder binds, so the decoder has one weight-binding path.
 //
 // Two format facts matter here:
 //  - GGUF lists dimensions innermost first (ne[0] = row length): a [rows, cols] nn.Linear
@@ -18,8 +19,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "arch.h"
 #include "gguf.h"
 #include "kvboost/model.h"
+#include "kvboost/model_files.h"
 
 namespace kvboost {
 
@@ -37,10 +40,10 @@ bool is_dir(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// GGUF name -> Hugging Face name ("" when the decoder has no use for the tensor). Gemma 3's
-// norms have their own HF names (gguf-py tensor_mapping.py): ffn_norm is the MLP's input norm
-// (pre_feedforward_layernorm) and post_attention_norm the norm of the attention output.
-std::string hf_name(const std::string& g, const std::string& arch) {
+// GGUF name -> Hugging Face name by the architecture's tensor table (src/model/arch/), and
+// the role of a per-layer tensor; "" when the decoder has no use for the tensor.
+std::string hf_name(const std::string& g, const arch::Arch& a, const arch::LayerTensor** entry) {
+  *entry = nullptr;
   if (g == "token_embd.weight") return "model.embed_tokens.weight";
   if (g == "output_norm.weight") return "model.norm.weight";
   if (g == "output.weight") return "lm_head.weight";
@@ -49,41 +52,12 @@ std::string hf_name(const std::string& g, const std::string& arch) {
   if (dot == std::string::npos) return "";
   const std::string layer = g.substr(4, dot - 4), rest = g.substr(dot + 1);
   if (layer.empty() || layer.find_first_not_of("0123456789") != std::string::npos) return "";
-  static const std::pair<const char*, const char*> map[] = {
-      {"attn_norm.weight", "input_layernorm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"attn_q.weight", "self_attn.q_proj.weight"},
-      {"attn_k.weight", "self_attn.k_proj.weight"},
-      {"attn_v.weight", "self_attn.v_proj.weight"},
-      {"attn_output.weight", "self_attn.o_proj.weight"},
-      {"attn_q.bias", "self_attn.q_proj.bias"},
-      {"attn_k.bias", "self_attn.k_proj.bias"},
-      {"attn_v.bias", "self_attn.v_proj.bias"},
-      {"attn_output.bias", "self_attn.o_proj.bias"},
-      {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-      {"attn_k_norm.weight", "self_attn.k_norm.weight"},
-      {"ffn_gate.weight", "mlp.gate_proj.weight"},
-      {"ffn_up.weight", "mlp.up_proj.weight"},
-      {"ffn_down.weight", "mlp.down_proj.weight"},
-  };
-  static const std::pair<const char*, const char*> gemma3_norms[] = {
-      {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
-      {"post_attention_norm.weight", "post_attention_layernorm.weight"},
-      {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
-  };
-  if (arch == "gemma3")
-    for (const auto& [from, to] : gemma3_norms)
-      if (rest == from) return "model.layers." + layer + "." + to;
-  for (const auto& [from, to] : map)
-    if (rest == from) return "model.layers." + layer + "." + to;
+  for (const arch::LayerTensor& t : a.tensors)
+    if (rest == t.gguf) {
+      *entry = &t;
+      return "model.layers." + layer + "." + t.hf;
+    }
   return "";
-}
-
-std::string architecture(const gguf::File& f) {
-  const std::string arch = f.get_string("general.architecture");
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "gemma3")
-    fail(f.path(), ": general.architecture \"", arch, "\" is not supported (supported: llama, qwen2, qwen3, gemma3)");
-  return arch;
 }
 
 // Rows [0, n_rows) of `src` (row_bytes each) reordered from llama.cpp's Q/K order back to
@@ -140,10 +114,10 @@ std::string gguf_model_file(const std::string& path) {
 
 ModelConfig ModelConfig::from_gguf(const std::string& gguf_path) {
   gguf::File f(gguf_path);
-  const std::string arch = architecture(f);
-  const std::string a = arch + ".";
+  const arch::Arch& ar = arch::find_gguf(f.get_string("general.architecture"), f.path());
+  const std::string a = std::string(ar.gguf_arch) + ".";
   json j;
-  j["model_type"] = arch;
+  j["model_type"] = ar.model_type;
   j["hidden_size"] = f.get_int(a + "embedding_length");
   j["intermediate_size"] = f.get_int(a + "feed_forward_length");
   j["num_hidden_layers"] = f.get_int(a + "block_count");
@@ -176,42 +150,26 @@ ModelConfig ModelConfig::from_gguf(const std::string& gguf_path) {
   }
   if (f.tensor("rope_freqs.weight"))  // llama3-style scaling stored as per-frequency factors
     fail(gguf_path, ": tensor \"rope_freqs.weight\" (llama3 RoPE frequency factors) is not supported yet");
-  if (arch == "gemma3") {
-    // llama.cpp src/models/gemma3.cpp (load_arch_hparams): sliding window from
-    // attention.sliding_window, every 6th layer global unless attention.sliding_window_pattern
-    // says otherwise, local RoPE base rope.freq_base_swa (default 10000), attention scale
-    // 1/sqrt(key_length) (27B: 1/sqrt(n_embd / n_head)), optional final logit softcapping.
-    const int64_t window = f.get_int(a + "attention.sliding_window", 0);
-    if (window > 0) {
-      if (const gguf::Value* p = f.find(a + "attention.sliding_window_pattern"); p && p->type == gguf::ValueType::ARRAY)
-        fail(gguf_path, ": metadata \"", a, "attention.sliding_window_pattern\" as a per-layer array is not supported");
-      j["sliding_window"] = window;
-      j["sliding_window_pattern"] = f.get_int(a + "attention.sliding_window_pattern", 6);
-    }
-    j["rope_local_base_freq"] = f.get_float(a + "rope.freq_base_swa", 10000.0);
-    const int64_t n_head = j["num_attention_heads"].get<int64_t>();
-    const int64_t head_dim = j.contains("head_dim") ? j["head_dim"].get<int64_t>() : j["hidden_size"].get<int64_t>() / n_head;
-    j["query_pre_attn_scalar"] = j["num_hidden_layers"].get<int64_t>() == 62 ? j["hidden_size"].get<int64_t>() / n_head : head_dim;
-    j["final_logit_softcapping"] = f.get_float(a + "final_logit_softcapping", 0.0);
-    j["hidden_activation"] = "gelu_pytorch_tanh";
-  }
+  if (ar.gguf_config) ar.gguf_config(f, j);  // the architecture's own keys
   if (f.find("tokenizer.ggml.bos_token_id")) j["bos_token_id"] = f.get_int("tokenizer.ggml.bos_token_id");
   if (f.find("tokenizer.ggml.eos_token_id")) j["eos_token_id"] = f.get_int("tokenizer.ggml.eos_token_id");
   ModelConfig c = from_json(j.dump(), "", gguf_path);
-  if (arch == "gemma3") c.norm_weight_offset = 0.0f;  // the converter stored 1 + w already
+  if (ar.gguf_norms_offset_applied) c.norm_weight_offset = 0.0f;  // the converter stored 1 + w already
   add_end_of_generation_ids(f, c.eos_token_ids);
   return c;
 }
 
 WeightFiles WeightFiles::open_gguf(const std::string& path, bool keep_quantized) {
   gguf::File f(path);
-  const std::string arch = architecture(f);
-  const bool permuted = arch == "llama";
+  const arch::Arch& ar = arch::find_gguf(f.get_string("general.architecture"), f.path());
+  const std::string arch = ar.gguf_arch;
+  const bool permuted = ar.gguf_permuted_qk;
   const int64_t n_head = f.get_int(arch + ".attention.head_count");
   const int64_t n_head_kv = f.get_int(arch + ".attention.head_count_kv", n_head);
   WeightFiles w;
   for (const gguf::Tensor& t : f.tensors()) {
-    const std::string name = hf_name(t.name, arch);
+    const arch::LayerTensor* entry = nullptr;
+    const std::string name = hf_name(t.name, ar, &entry);
     if (name.empty()) continue;
     const std::string where = path + ": tensor \"" + t.name + "\"";
     if (!kernels::ggml_type_supported(uint32_t(t.type)))
@@ -220,8 +178,8 @@ WeightFiles WeightFiles::open_gguf(const std::string& path, bool keep_quantized)
     ti.name = name;
     ti.file = path;
     for (auto it = t.ne.rbegin(); it != t.ne.rend(); ++it) ti.shape.push_back(*it);
-    const bool is_q = ends_with(t.name, "attn_q.weight") || ends_with(t.name, "attn_q.bias");
-    const bool is_k = ends_with(t.name, "attn_k.weight") || ends_with(t.name, "attn_k.bias");
+    const bool is_q = entry && (entry->role == arch::Role::Wq || entry->role == arch::Role::QBias);
+    const bool is_k = entry && (entry->role == arch::Role::Wk || entry->role == arch::Role::KBias);
     const bool unpermute = permuted && (is_q || is_k);
     // Biases are 1-D: permute single elements. Weights: whole rows (whole blocks).
     const int64_t n_rows = t.ne.size() == 1 ? t.ne[0] : t.rows();

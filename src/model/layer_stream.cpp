@@ -13,6 +13,7 @@
 
 #include "kvboost/common.h"
 #include "kvboost/model.h"
+#include "kvboost/model_files.h"
 
 namespace kvboost::stream {
 

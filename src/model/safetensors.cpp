@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "kvboost/model.h"
+#include "kvboost/model_files.h"
 
 namespace kvboost {
 

@@ -1,6 +1,7 @@
 // kvboost/gpu.h in every build: without CUDA each call answers the "built without CUDA" Error;
 // with CUDA and no device, creating a decoder says that no device is visible.
 #include "kvboost/gpu.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 using namespace kvboost;

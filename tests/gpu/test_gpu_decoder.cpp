@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvboost/gpu.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 using namespace kvboost;

@@ -13,6 +13,8 @@
 #include "awq.h"
 #include "kvboost/kernels.h"
 #include "kvboost/model.h"
+#include "kvboost/model_files.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 using namespace kvboost;

@@ -19,6 +19,8 @@
 #include "kvboost/kv.h"
 #include "kvboost/model.h"
 #include "kvboost/tokenizer.h"
+#include "kvboost/model_files.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 namespace kvboost {

@@ -22,6 +22,7 @@
 #include "kvboost/kernels.h"
 #include "kvboost/model.h"
 #include "kvboost/runtime.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 using namespace kvboost;

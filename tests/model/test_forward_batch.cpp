@@ -6,6 +6,7 @@
 #include <random>
 
 #include "kvboost/model.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 namespace kvboost {

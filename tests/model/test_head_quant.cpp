@@ -15,6 +15,7 @@
 #include "gguf_builder.h"
 #include "kvboost/kernels.h"
 #include "kvboost/model.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 using namespace kvboost;

@@ -7,6 +7,7 @@
 
 #include "kvboost/model.h"
 #include "kvboost/tokenizer.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 using namespace kvboost;

@@ -10,6 +10,7 @@
 
 #include "gguf_builder.h"
 #include "kvboost/model.h"
+#include "testing/fixture.h"
 #include "layer_stream.h"
 #include "test_util.h"
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvboost/model.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 using namespace kvboost;

@@ -6,6 +6,7 @@
 
 #include "kvboost/kernels.h"
 #include "kvboost/model.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 using namespace kvboost;

@@ -18,6 +18,7 @@
 #include "../kernels/kernel_test_util.h"
 #include "kvboost/kernels.h"
 #include "kvboost/model.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 using namespace kvboost;

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "kvboost/runtime.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 using namespace kvboost;

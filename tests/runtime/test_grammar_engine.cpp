@@ -4,6 +4,7 @@
 #include <regex>
 
 #include "kvboost/runtime.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 using namespace kvboost;

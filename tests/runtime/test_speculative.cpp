@@ -7,6 +7,7 @@
 
 #include "kvboost/kernels.h"
 #include "kvboost/runtime.h"
+#include "testing/fixture.h"
 #include "speculative.h"
 #include "test_util.h"
 

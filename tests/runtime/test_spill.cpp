@@ -1,6 +1,7 @@
 // Cold-block spill: a generation whose KV outgrows the hot budget completes with the same
 // greedy output as with an unlimited budget.
 #include "kvboost/runtime.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 using namespace kvboost;

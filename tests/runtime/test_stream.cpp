@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "kvboost/runtime.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 using namespace kvboost;

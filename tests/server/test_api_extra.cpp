@@ -18,6 +18,7 @@
 #include "kvboost/model.h"
 #include "kvboost/server.h"
 #include "kvboost/tokenizer.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 namespace kvboost {

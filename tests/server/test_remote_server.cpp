@@ -13,6 +13,7 @@
 #include "http.h"
 #include "kvboost/model.h"
 #include "kvboost/server.h"
+#include "testing/fixture.h"
 #include "redis_server.h"
 #include "test_util.h"
 

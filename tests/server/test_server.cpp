@@ -19,6 +19,7 @@
 #include "kvboost/model.h"
 #include "kvboost/chat.h"
 #include "kvboost/server.h"
+#include "testing/fixture.h"
 #include "test_util.h"
 
 namespace kvboost {

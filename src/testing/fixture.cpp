@@ -10,7 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "awq.h"
-#include "kvboost/model.h"
+#include "kvboost/common.h"
+#include "testing/fixture.h"
 #include "kvboost/tokenizer.h"
 
 namespace kvboost {
