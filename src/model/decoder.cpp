@@ -21,6 +21,7 @@
 #include "kvboost/kernels.h"
 #include "kvboost/model.h"
 #include "layer_stream.h"
+#include "weight_check.h"
 
 namespace kvboost {
 
@@ -61,7 +62,10 @@ const TensorInfo& require(const WeightFiles& files, const std::string& dir, cons
   return *t;
 }
 
-Weight matrix(const WeightFiles& f, const std::string& dir, const std::string& name, int64_t rows, int64_t cols) {
+// full = false (layer matrices under layer streaming, which must not read the whole file at
+// load): the three-row sample only.
+Weight matrix(const WeightFiles& f, const std::string& dir, const std::string& name, int64_t rows, int64_t cols,
+              bool full = true) {
   const TensorInfo& t = require(f, dir, name, {rows, cols});
   const WType wt = wtype_of(t);
   const int64_t be = kernels::wtype_block_elems(wt);
@@ -70,17 +74,32 @@ Weight matrix(const WeightFiles& f, const std::string& dir, const std::string& n
   const size_t want = size_t(rows) * size_t(kernels::wtype_row_bytes(wt, cols));
   if (t.nbytes != want)
     fail(t.file, ": tensor \"", name, "\" (", t.dtype, " [", rows, ", ", cols, "]) has ", t.nbytes, " bytes, expected ", want);
-  // A cheap check for NaN/Inf weights (they give empty output with no warning): three rows of
-  // every float matrix. The norms and biases (vec) are checked in full.
-  if (!kernels::wtype_is_quantized(wt) && t.data) {
-    std::vector<float> row(static_cast<size_t>(cols), 0.0f);
+  // NaN/Inf weights give empty output with no warning: every matrix is scanned in full (plain
+  // types element by element, quantized blocks by their scales; src/model/weight_check.h). It
+  // reads each mapped page once, which the prefault below would do anyway. The environment
+  // variable KVBOOST_WEIGHT_CHECK=sample keeps the earlier check (rows 0, rows/2 and rows-1 of
+  // plain matrices; A/B runs of one binary, bench/weight_check_bench).
+  static const bool sample_env = [] {
+    const char* e = std::getenv("KVBOOST_WEIGHT_CHECK");
+    return e && std::string(e) == "sample";
+  }();
+  const bool sample = sample_env || !full;
+  if (t.data && sample && !kernels::wtype_is_quantized(wt)) {
     const size_t rb = size_t(kernels::wtype_row_bytes(wt, cols));
     for (int64_t r : {int64_t(0), rows / 2, rows - 1}) {
-      kernels::to_f32(static_cast<const uint8_t*>(t.data) + size_t(r) * rb, wt, row.data(), cols);
-      for (int64_t i = 0; i < cols; ++i)
-        if (!std::isfinite(row[size_t(i)]))
-          fail(t.file, ": tensor \"", name, "\" has a non-finite value (", row[size_t(i)], ") at [", r, ", ", i,
-               "]: corrupt weights");
+      const int64_t at = weight_check::find_nonfinite(static_cast<const uint8_t*>(t.data) + size_t(r) * rb, wt, cols);
+      if (at >= 0) fail(t.file, ": tensor \"", name, "\" has a non-finite value at [", r, ", ", at, "]: corrupt weights");
+    }
+  } else if (t.data && !sample) {
+    const int64_t at = weight_check::find_nonfinite(t.data, wt, rows * cols);
+    if (at >= 0) {
+      const int64_t r = at / cols, i = at % cols;
+      if (kernels::wtype_is_quantized(wt))
+        fail(t.file, ": tensor \"", name, "\" (", t.dtype, ") has a non-finite block scale in the block at [", r, ", ", i,
+             "]: corrupt weights");
+      float v = 0;
+      kernels::to_f32(static_cast<const uint8_t*>(t.data) + size_t(at) * size_t(kernels::wtype_size(wt)), wt, &v, 1);
+      fail(t.file, ": tensor \"", name, "\" has a non-finite value (", v, ") at [", r, ", ", i, "]: corrupt weights");
     }
   }
   return Weight{t.data, wt, rows, cols};
@@ -231,6 +250,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
     m->lm_head_ = matrix(f, dir, "lm_head.weight", c.vocab_size, H);
   }
   m->layers_.resize(size_t(c.n_layers));
+  const bool full = opt.weight_budget == 0;  // layer streaming: the layers are not read at load
   for (int64_t l = 0; l < c.n_layers; ++l) {
     Layer& L = m->layers_[size_t(l)];
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -242,10 +262,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
     } else {
       L.mlp_norm = norm_vec(f, dir, p + "post_attention_layernorm.weight", H, c);
     }
-    L.wq = matrix(f, dir, p + "self_attn.q_proj.weight", nq, H);
-    L.wk = matrix(f, dir, p + "self_attn.k_proj.weight", nkv, H);
-    L.wv = matrix(f, dir, p + "self_attn.v_proj.weight", nkv, H);
-    L.wo = matrix(f, dir, p + "self_attn.o_proj.weight", H, nq);
+    L.wq = matrix(f, dir, p + "self_attn.q_proj.weight", nq, H, full);
+    L.wk = matrix(f, dir, p + "self_attn.k_proj.weight", nkv, H, full);
+    L.wv = matrix(f, dir, p + "self_attn.v_proj.weight", nkv, H, full);
+    L.wo = matrix(f, dir, p + "self_attn.o_proj.weight", H, nq, full);
     if (c.attention_bias) {
       L.q_bias = vec(f, dir, p + "self_attn.q_proj.bias", nq);
       L.k_bias = vec(f, dir, p + "self_attn.k_proj.bias", nkv);
@@ -257,9 +277,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
       L.q_norm = norm_vec(f, dir, p + "self_attn.q_norm.weight", hd, c);
       L.k_norm = norm_vec(f, dir, p + "self_attn.k_norm.weight", hd, c);
     }
-    L.w_gate = matrix(f, dir, p + "mlp.gate_proj.weight", I, H);
-    L.w_up = matrix(f, dir, p + "mlp.up_proj.weight", I, H);
-    L.w_down = matrix(f, dir, p + "mlp.down_proj.weight", H, I);
+    L.w_gate = matrix(f, dir, p + "mlp.gate_proj.weight", I, H, full);
+    L.w_up = matrix(f, dir, p + "mlp.up_proj.weight", I, H, full);
+    L.w_down = matrix(f, dir, p + "mlp.down_proj.weight", H, I, full);
     L.window = c.layer_window[size_t(l)];
     if (opt.progress) opt.progress("layers", size_t(l + 1), size_t(c.n_layers));
   }
