@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -127,6 +128,7 @@ TEST(WeightCheck, NanInTheMiddleOfAMatrixIsRefusedNamingTensorAndFile) {
   }
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
   const std::string m = error_of([&] { (void)Model::load(d); });
+  std::printf("%s\n", m.c_str());
   EXPECT_NE(m.find(name), std::string::npos) << m;
   EXPECT_NE(m.find(path), std::string::npos) << m;
   EXPECT_NE(m.find("non-finite"), std::string::npos) << m;
@@ -183,6 +185,7 @@ TEST(WeightCheck, NonFiniteBlockScaleInAQuantizedMatrixIsRefused) {
   const std::string dir = test::make_temp_dir("weight_check_q8");
   file = test::write(dir, "m.gguf", g.finish());
   const std::string m = error_of([&] { (void)Model::load(file); });
+  std::printf("%s\n", m.c_str());
   EXPECT_NE(m.find(file), std::string::npos) << m;
   EXPECT_NE(m.find("layers.1.self_attn.v_proj"), std::string::npos) << m;
   EXPECT_NE(m.find("non-finite block scale"), std::string::npos) << m;
