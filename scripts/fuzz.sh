@@ -1,33 +1,29 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets under fuzz/ (a separate clang build with
-# -fsanitize=fuzzer,address,undefined) and runs each for a bounded time on its seed corpus
-# (fuzz/corpus/<target>, committed; new inputs go to a scratch copy, not the tree).
+# Builds the libFuzzer targets under fuzz/ (the clang build scripts/sanitize.sh uses too,
+# scripts/sanitizer_build.sh: -fsanitize=fuzzer-no-link,address,undefined; after sanitize.sh only
+# the targets are linked) and runs each for a bounded time on its seed corpus (fuzz/corpus/<target>,
+# committed; new inputs go to a scratch copy, not the tree).
 #
 #   scripts/fuzz.sh [target...]        # default: every target
 #
-# Environment: FUZZ_SECONDS (per target, default 30), KVBOOST_FUZZ_BUILD_DIR (default
-# build-fuzz), KVBOOST_JOBS (default nproc), FUZZ_ARTIFACTS (crash inputs; default
-# build-fuzz/artifacts). Exits non-zero when a target crashes, leaks or trips a sanitizer; the
+# Environment: FUZZ_SECONDS (per target, default 30), KVBOOST_FUZZ_NO_BUILD=1 (run what is built), KVBOOST_SANITIZE_BUILD_DIR (default
+# build-san), KVBOOST_JOBS (default nproc), FUZZ_ARTIFACTS (crash inputs; default
+# build-san/artifacts). Exits non-zero when a target crashes, leaks or trips a sanitizer; the
 # input that did it is in FUZZ_ARTIFACTS (make it a regression test, then add it to the corpus).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/sanitizer_build.sh
 
 seconds="${FUZZ_SECONDS:-30}"
-build_dir="${KVBOOST_FUZZ_BUILD_DIR:-build-fuzz}"
-jobs="${KVBOOST_JOBS:-$(nproc)}"
+build_dir="$san_build_dir"
 artifacts="${FUZZ_ARTIFACTS:-$build_dir/artifacts}"
 all=(fuzz_http_parser fuzz_openai_body fuzz_safetensors fuzz_gguf fuzz_config fuzz_tokenizer_json
      fuzz_tokenizer_encode fuzz_chat_template fuzz_chunk_file)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all[@]}")
 
-command -v clang++-14 >/dev/null || { echo "fuzz.sh: clang++-14 is missing (scripts/install-deps.sh installs it)" >&2; exit 1; }
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 start=$SECONDS
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14 \
-  -DCMAKE_CXX_COMPILER=clang++-14 -DKVBOOST_FUZZ=ON -DKVBOOST_BUILD_TESTS=OFF "${launcher[@]}" >/dev/null
-nice ninja -C "$build_dir" -j"$jobs" "${targets[@]}"
+[[ "${KVBOOST_FUZZ_NO_BUILD:-0}" == "1" ]] || san_build "${targets[@]}"
 echo "[fuzz] built ${#targets[@]} targets in $((SECONDS - start)) s"
 
 mkdir -p "$artifacts"

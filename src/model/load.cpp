@@ -4,8 +4,12 @@
 // forward.cpp over the blocks of blocks.h.
 #include <cmath>
 
+#include <cstdlib>
+#include <string>
+
 #include "layer_stream.h"
 #include "model_impl.h"
+#include "weight_check.h"
 
 namespace kvboost {
 
@@ -43,7 +47,10 @@ const TensorInfo& require(const WeightFiles& files, const std::string& dir, cons
   return *t;
 }
 
-Weight matrix(const WeightFiles& f, const std::string& dir, const std::string& name, int64_t rows, int64_t cols) {
+// full = false (layer matrices under layer streaming, which must not read the whole file at
+// load): the three-row sample only.
+Weight matrix(const WeightFiles& f, const std::string& dir, const std::string& name, int64_t rows, int64_t cols,
+              bool full = true) {
   const TensorInfo& t = require(f, dir, name, {rows, cols});
   const WType wt = wtype_of(t);
   const int64_t be = kernels::wtype_block_elems(wt);
@@ -52,17 +59,32 @@ Weight matrix(const WeightFiles& f, const std::string& dir, const std::string& n
   const size_t want = size_t(rows) * size_t(kernels::wtype_row_bytes(wt, cols));
   if (t.nbytes != want)
     fail(t.file, ": tensor \"", name, "\" (", t.dtype, " [", rows, ", ", cols, "]) has ", t.nbytes, " bytes, expected ", want);
-  // A cheap check for NaN/Inf weights (they give empty output with no warning): three rows of
-  // every float matrix. The norms and biases (vec) are checked in full.
-  if (!kernels::wtype_is_quantized(wt) && t.data) {
-    std::vector<float> row(static_cast<size_t>(cols), 0.0f);
+  // NaN/Inf weights give empty output with no warning: every matrix is scanned in full (plain
+  // types element by element, quantized blocks by their scales; src/model/weight_check.h). It
+  // reads each mapped page once, which the prefault would do anyway. The environment variable
+  // KVBOOST_WEIGHT_CHECK=sample keeps the earlier check (rows 0, rows/2 and rows-1 of plain
+  // matrices; A/B runs of one binary, bench/weight_check_bench).
+  static const bool sample_env = [] {
+    const char* e = std::getenv("KVBOOST_WEIGHT_CHECK");
+    return e && std::string(e) == "sample";
+  }();
+  const bool sample = sample_env || !full;
+  if (t.data && sample && !kernels::wtype_is_quantized(wt)) {
     const size_t rb = size_t(kernels::wtype_row_bytes(wt, cols));
     for (int64_t r : {int64_t(0), rows / 2, rows - 1}) {
-      kernels::to_f32(static_cast<const uint8_t*>(t.data) + size_t(r) * rb, wt, row.data(), cols);
-      for (int64_t i = 0; i < cols; ++i)
-        if (!std::isfinite(row[size_t(i)]))
-          fail(t.file, ": tensor \"", name, "\" has a non-finite value (", row[size_t(i)], ") at [", r, ", ", i,
-               "]: corrupt weights");
+      const int64_t at = weight_check::find_nonfinite(static_cast<const uint8_t*>(t.data) + size_t(r) * rb, wt, cols);
+      if (at >= 0) fail(t.file, ": tensor \"", name, "\" has a non-finite value at [", r, ", ", at, "]: corrupt weights");
+    }
+  } else if (t.data && !sample) {
+    const int64_t at = weight_check::find_nonfinite(t.data, wt, rows * cols);
+    if (at >= 0) {
+      const int64_t r = at / cols, i = at % cols;
+      if (kernels::wtype_is_quantized(wt))
+        fail(t.file, ": tensor \"", name, "\" (", t.dtype, ") has a non-finite block scale in the block at [", r, ", ", i,
+             "]: corrupt weights");
+      float v = 0;
+      kernels::to_f32(static_cast<const uint8_t*>(t.data) + size_t(at) * size_t(kernels::wtype_size(wt)), wt, &v, 1);
+      fail(t.file, ": tensor \"", name, "\" has a non-finite value (", v, ") at [", r, ", ", i, "]: corrupt weights");
     }
   }
   return Weight{t.data, wt, rows, cols};
@@ -89,7 +111,7 @@ std::vector<float> norm_vec(const WeightFiles& f, const std::string& dir, const 
 
 // Layer l's tensors, in the architecture's table order.
 void bind_layer(const arch::Arch& a, const WeightFiles& f, const std::string& dir, const ModelConfig& c, int64_t l,
-                LayerWeights& L) {
+                LayerWeights& L, bool full) {
   using arch::Role;
   const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
   const int64_t nq = c.n_heads * hd, nkv = c.n_kv_heads * hd;
@@ -104,17 +126,17 @@ void bind_layer(const arch::Arch& a, const WeightFiles& f, const std::string& di
       case Role::PostMlpNorm: L.post_mlp_norm = norm_vec(f, dir, name, H, c); break;
       case Role::QNorm: L.q_norm = norm_vec(f, dir, name, hd, c); break;
       case Role::KNorm: L.k_norm = norm_vec(f, dir, name, hd, c); break;
-      case Role::Wq: L.wq = matrix(f, dir, name, nq, H); break;
-      case Role::Wk: L.wk = matrix(f, dir, name, nkv, H); break;
-      case Role::Wv: L.wv = matrix(f, dir, name, nkv, H); break;
-      case Role::Wo: L.wo = matrix(f, dir, name, H, nq); break;
+      case Role::Wq: L.wq = matrix(f, dir, name, nq, H, full); break;
+      case Role::Wk: L.wk = matrix(f, dir, name, nkv, H, full); break;
+      case Role::Wv: L.wv = matrix(f, dir, name, nkv, H, full); break;
+      case Role::Wo: L.wo = matrix(f, dir, name, H, nq, full); break;
       case Role::QBias: L.q_bias = vec(f, dir, name, nq); break;
       case Role::KBias: L.k_bias = vec(f, dir, name, nkv); break;
       case Role::VBias: L.v_bias = vec(f, dir, name, nkv); break;
       case Role::OBias: L.o_bias = vec(f, dir, name, H); break;
-      case Role::Gate: L.w_gate = matrix(f, dir, name, I, H); break;
-      case Role::Up: L.w_up = matrix(f, dir, name, I, H); break;
-      case Role::Down: L.w_down = matrix(f, dir, name, H, I); break;
+      case Role::Gate: L.w_gate = matrix(f, dir, name, I, H, full); break;
+      case Role::Up: L.w_up = matrix(f, dir, name, I, H, full); break;
+      case Role::Down: L.w_down = matrix(f, dir, name, H, I, full); break;
     }
   }
   L.window = c.layer_window[size_t(l)];
@@ -188,7 +210,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
   }
   m.layers.resize(size_t(c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    detail::bind_layer(*m.arch, f, dir, c, l, m.layers[size_t(l)]);
+    // Layer streaming: the layer matrices are not read at load (the three-row sample only).
+    detail::bind_layer(*m.arch, f, dir, c, l, m.layers[size_t(l)], /*full=*/opt.weight_budget == 0);
     if (opt.progress) opt.progress("layers", size_t(l + 1), size_t(c.n_layers));
   }
   bool awq = false;  // Q4_Z / Q4_Z128 exist only as repacked AWQ layers

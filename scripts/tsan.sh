@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# A ThreadSanitizer build (gcc -fsanitize=thread, build-tsan/) of the tests where threads meet:
+# the HTTP server's event loop and handler pool over real loopback HTTP (test_server,
+# test_http_hostile, test_api_extra), the engine's scheduler and streams (test_runtime,
+# test_runtime_stream), the thread pool, the chunk store and KV cache (test_kv), and the remote
+# chunk tier against a real redis-server (test_remote_store, test_remote_server). No Python.
+# A data race, a lock-order inversion or any other TSan report fails the test that showed it.
+#
+#   scripts/tsan.sh [extra ctest args...]
+#
+# Environment: KVBOOST_TSAN_BUILD_DIR (default build-tsan), KVBOOST_JOBS (default nproc).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+build_dir="${KVBOOST_TSAN_BUILD_DIR:-build-tsan}"
+jobs="${KVBOOST_JOBS:-$(nproc)}"
+targets=(test_server test_http_hostile test_api_extra test_runtime test_runtime_stream test_thread_pool
+         test_kv test_remote_store test_remote_server)
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+start=$SECONDS
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_C_FLAGS="-fsanitize=thread" -DCMAKE_CXX_FLAGS="-fsanitize=thread" \
+  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread" \
+  "${launcher[@]}" >/dev/null
+nice ninja -C "$build_dir" -j"$jobs" "${targets[@]}"
+echo "[tsan] built in $((SECONDS - start)) s"
+# halt_on_error=0: every race of a test is printed; exitcode 66 fails it.
+export TSAN_OPTIONS="halt_on_error=0:exitcode=66:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp"
+export KVBOOST_REQUIRE_REDIS=1
+ctest --test-dir "$build_dir" -j"$jobs" --output-on-failure --timeout 600 \
+  -E '_NOT_BUILT|openai_client|oracle|Oracle|^cli\.|^server\.|^python\.|^hf_compare\.|_fixture\.|tokenizer_diff' "$@"
+echo "[tsan] done in $((SECONDS - start)) s"
