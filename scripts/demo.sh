@@ -113,16 +113,24 @@ log "    $kvboost generate -m $model -p \"$prompt\" -n $n ${gen_flags[*]}"
 # repaired by cacheblend) and computes only the question.
 store="$(mktemp -d "${TMPDIR:-/tmp}/kvboost-demo.XXXXXX")"
 trap 'rm -rf "$store"' EXIT
-doc1="Document 1. The Rhine rises in the Swiss Alps and flows north through Germany and the Netherlands before it reaches the North Sea near Rotterdam. It is about 1,230 kilometres long and one of the busiest waterways in Europe: barges carry coal, grain, chemicals and containers between the ports of Basel, Duisburg and Rotterdam. Its valley between Bingen and Koblenz, with its castles and vineyards, is a UNESCO World Heritage Site."
-doc2="Document 2. The Danube is the second-longest river in Europe, about 2,850 kilometres from the Black Forest in Germany to the Black Sea in Romania and Ukraine. It flows through or along the borders of ten countries, more than any other river in the world, and through four capital cities: Vienna, Bratislava, Budapest and Belgrade. Its delta is one of the largest wetlands in Europe and a home for hundreds of bird species."
-doc3="Document 3. The Thames flows 346 kilometres from the Cotswolds through Oxford and London to the North Sea. It is tidal as far as Teddington Lock, and the Thames Barrier, opened in 1984, protects London from storm surges. In the nineteenth century the river was so polluted that the Great Stink of 1858 pushed Parliament to build a new sewer system for the city."
-question=$'Question: Which river flows through Vienna, Budapest and Belgrade?\nAnswer: The'
+if [[ $name == stories260K ]]; then
+  # stories260K: a 512-token context and a 512-token vocabulary, so three short stories.
+  doc1="Lily had a red ball. She liked to play with it in the park every day with her mom."
+  doc2="Tom had a big dog named Max. Max liked to run and jump in the sun all day long."
+  doc3="Sue had a little cat. The cat liked to sleep on the warm bed near the window."
+  question=" Once upon a time, Lily"
+else
+  doc1="Document 1. The Rhine rises in the Swiss Alps and flows north through Germany and the Netherlands before it reaches the North Sea near Rotterdam. It is about 1,230 kilometres long and one of the busiest waterways in Europe: barges carry coal, grain, chemicals and containers between the ports of Basel, Duisburg and Rotterdam. Its valley between Bingen and Koblenz, with its castles and vineyards, is a UNESCO World Heritage Site."
+  doc2="Document 2. The Danube is the second-longest river in Europe, about 2,850 kilometres from the Black Forest in Germany to the Black Sea in Romania and Ukraine. It flows through or along the borders of ten countries, more than any other river in the world, and through four capital cities: Vienna, Bratislava, Budapest and Belgrade. Its delta is one of the largest wetlands in Europe and a home for hundreds of bird species."
+  doc3="Document 3. The Thames flows 346 kilometres from the Cotswolds through Oxford and London to the North Sea. It is tidal as far as Teddington Lock, and the Thames Barrier, opened in 1984, protects London from storm surges. In the nineteenth century the river was so polluted that the Great Stink of 1858 pushed Parliament to build a new sewer system for the city."
+  question=$'Question: Which river flows through Vienna, Budapest and Belgrade?\nAnswer: The'
+fi
 rn=$([[ $quick == 1 ]] && echo 8 || echo 12)
 # 32-token chunks: most of each ~95-token document is whole chunks (the default is 128).
 reuse_flags=(--reuse cacheblend --chunk-size 32 --chunk-store "$store" --no-echo -n "$rn" "${gen_flags[@]}")
 ttft() { sed -n 's/.*time to first token: \([0-9.]*\) ms.*/\1/p' "$1" | tail -1; }
 
-log "2/2 reuse: three documents + a question (~290 tokens), chunks kept in $store"
+log "2/2 reuse: three documents + a question, chunks kept in $store"
 log "    cold: $kvboost generate -m $model --segment DOC1 --segment DOC2 --segment DOC3 -p QUESTION ${reuse_flags[*]}"
 "$kvboost" generate -m "$model" --segment "$doc1 " --segment "$doc2 " --segment "$doc3 " -p "$question" \
   "${reuse_flags[@]}" >"$store/cold.out" 2>"$store/cold.err" || { cat "$store/cold.err" >&2; exit 1; }
@@ -138,7 +146,9 @@ warm="$(ttft "$store/warm.err")"
 [[ -n "$cold" && -n "$warm" ]] || die "no 'time to first token' line in kvboost's output"
 reused="$(sed -n 's/.*: \([0-9]*\) tokens reused.*/\1/p' "$store/warm.err" | tail -1)"
 awk -v c="$cold" -v w="$warm" -v r="${reused:-0}" 'BEGIN {
-  printf "[demo] time to first token: cold %.0f ms, warm %.0f ms (%.1fx faster; %d prompt tokens reused from the chunk store)\n", c, w, (w > 0 ? c / w : 0), r > "/dev/stderr" }'
+  if (w > 0 && c / w > 1.1) verdict = sprintf("%.1fx faster", c / w)
+  else verdict = "no faster: this model prefills so fast that reading the chunks costs as much; reuse pays on real models"
+  printf "[demo] time to first token: cold %.0f ms, warm %.0f ms (%s; %d prompt tokens reused from the chunk store)\n", c, w, verdict, r > "/dev/stderr" }'
 tmpl=$([[ $name == stories260K ]] && echo chatml || echo gemma)
 log "next: $kvboost chat -m $model --chat-template $tmpl   (docs/cli.md)"
 log "      $kvboost bench reuse --model $model   (every reuse mode beside a full prefill; docs/chunk-reuse.md)"

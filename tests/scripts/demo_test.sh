@@ -34,5 +34,6 @@ else
 fi
 line="$(grep 'time to first token: cold' "$out.err")" || fail "no cold/warm TTFT summary"
 reused="$(sed -n 's/.*; \([0-9]*\) prompt tokens reused.*/\1/p' <<<"$line")"
-[[ -n "$reused" && "$reused" -gt 100 ]] || fail "the warm run reused ${reused:-no} tokens: $line"
+min=$([[ $want == gemma ]] && echo 100 || echo 0)
+[[ -n "$reused" && "$reused" -gt $min ]] || fail "the warm run reused ${reused:-no} tokens: $line"
 echo "demo_test: ok: $line"
