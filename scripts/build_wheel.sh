@@ -84,7 +84,7 @@ if ((test)); then
   pins=()
   while read -r p; do pins+=("$p"); done < <(sed -n '/^pip_pins=(/,/^)/p' scripts/install-deps.sh |
     grep -oE '^\s+(pytest|transformers|tokenizers|safetensors|huggingface_hub|jinja2|MarkupSafe|pexpect|ptyprocess)==[^ ]+' | tr -d ' ')
-  PIP_DISABLE_PIP_VERSION_CHECK=1 "$tv/bin/python" -m pip install -q --no-input \
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$tv/bin/python" -m pip install --no-input --progress-bar off \
     --cache-dir "${KVBOOST_PIP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvboost-wheels}" "$wheel" "${pins[@]}" >&2
   (cd "$tmp" && "$tv/bin/python" -c 'import kvboost, sys; p = kvboost.__file__; print("[build_wheel] import kvboost:", p, file=sys.stderr); assert "/venv/" in p, p')
   build="${KVBOOST_BUILD_DIR:-$repo/build}"
