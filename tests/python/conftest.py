@@ -48,7 +48,9 @@ def tiny(tiny_dir):
 
 @pytest.fixture(scope="session")
 def stories_dir() -> str:
-    d = os.path.join(SHARED, "models", "stories260K")
+    d = os.path.join(SOURCE, "models", "stories260K")  # committed in the repository
+    if not os.path.isfile(os.path.join(d, "model.safetensors")):
+        d = os.path.join(SHARED, "models", "stories260K")
     need(os.path.isfile(os.path.join(d, "model.safetensors")), f"{d}: stories260K missing")
     return d
 
