@@ -11,6 +11,7 @@
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
 #include "kvboost/model.h"
+#include "kvboost/model_files.h"
 #include "weight_check.h"
 
 using namespace kvboost;

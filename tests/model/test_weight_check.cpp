@@ -16,6 +16,7 @@
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
 #include "kvboost/model.h"
+#include "kvboost/model_files.h"
 #include "testing/fixture.h"
 #include "test_util.h"
 #include "weight_check.h"
