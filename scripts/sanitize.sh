@@ -24,12 +24,13 @@ echo "[sanitize] built in $((SECONDS - start)) s"
 # Executables not built above register as "<target>_NOT_BUILT" (gtest_discover_tests): skipped.
 # So are the script-driven tests, which need the `kvboost` CLI, kvboost-fixture and Python
 # (cli.*, server.* Python clients, hf_compare.*, the *_fixture / tokenizer_oracle generators and
-# tokenizer_diff, the *Oracle gtests that read what those generate) and python.* (the extension
+# tokenizer_diff, the *Oracle gtests that read what those generate, scripts.* and docs.*, which run
+# the demo, the plot script and the doc-flag check over the CLI) and python.* (the extension
 # module would need the ASan runtime preloaded into Python): ctest -N lists exactly these.
 export ASAN_OPTIONS="detect_leaks=${KVBOOST_DETECT_LEAKS:-0}:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export KVBOOST_REQUIRE_REDIS="${KVBOOST_REQUIRE_REDIS:-1}"  # the remote-tier tests start a real redis-server
 export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp"
 ctest --test-dir "$san_build_dir" -j"$san_jobs" --output-on-failure --timeout 600 \
-  -E '_NOT_BUILT|openai_client|oracle|Oracle|^cli\.|^server\.|^python\.|^hf_compare\.|_fixture\.|tokenizer_diff' "$@"
+  -E '_NOT_BUILT|openai_client|oracle|Oracle|^cli\.|^server\.|^python\.|^hf_compare\.|_fixture\.|tokenizer_diff|^scripts\.|^docs\.' "$@"
 echo "[sanitize] done in $((SECONDS - start)) s"
