@@ -240,7 +240,7 @@ void WeightFiles::apply_quantization(const std::string& dir) {
   json cfg;
   try {
     cfg = json::parse(read_file(cfg_path));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e512
     fail(cfg_path, ": malformed JSON: ", e.what());
   }
   const std::optional<awq::Config> qc = cfg.is_object() ? awq::parse_config(cfg, cfg_path) : std::nullopt;

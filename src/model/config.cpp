@@ -25,7 +25,7 @@ namespace {
 json parse(const std::string& text, const std::string& source) {
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e512
     fail(source, ": malformed JSON: ", e.what());
   }
 }

@@ -135,7 +135,7 @@ WeightFiles WeightFiles::open_dir(const std::string& dir) {
   json j;
   try {
     j = json::parse(read_file(index));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e512
     fail(index, ": malformed JSON: ", e.what());
   }
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())

@@ -124,6 +124,9 @@ void add_config_cases(std::vector<Case>& cases) {
   };
   cfg_case("not JSON", "{\"model_type\": ", "malformed JSON");
   cfg_case("an array", "[1]", "JSON object");
+  // Found by fuzz_config in CI (2026-12-01): a number past double's range made nlohmann throw
+  // out_of_range, which only parse_error was caught for, so it escaped as a non-kvboost error.
+  cfg_case("a number past double's range", "{\"model_type\": \"llama\", \"rms_norm_eps\": 1e0512}", "malformed JSON");
   const char* ints[] = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"};
   for (const char* f : ints) {
     json c = good_config();
