@@ -6,7 +6,7 @@
 #
 #   scripts/fuzz.sh [target...]        # default: every target
 #
-# Environment: FUZZ_SECONDS (per target, default 30), KVBOOST_FUZZ_NO_BUILD=1 (run what is built), KVBOOST_SANITIZE_BUILD_DIR (default
+# Environment: FUZZ_SECONDS (per target, default 30), FUZZ_SEED (default 1; 0 = random), KVBOOST_FUZZ_NO_BUILD=1 (run what is built), KVBOOST_SANITIZE_BUILD_DIR (default
 # build-san), KVBOOST_JOBS (default nproc), FUZZ_ARTIFACTS (crash inputs; default
 # build-san/artifacts). Exits non-zero when a target crashes, leaks or trips a sanitizer; the
 # input that did it is in FUZZ_ARTIFACTS (make it a regression test, then add it to the corpus).
@@ -40,8 +40,10 @@ for t in "${targets[@]}"; do
   [[ -f "fuzz/$t.dict" ]] && dict=(-dict="fuzz/$t.dict")
   echo "[fuzz] $t: ${seconds} s"
   # detect_leaks=0: the loaders keep process-wide caches by design; leaks are not what we hunt.
+  # -seed: a fixed mutation sequence (FUZZ_SEED, default 1), so a CI run explores what a local run
+  # of the same length explored, and a finding reproduces; FUZZ_SEED=0 asks libFuzzer for a random one.
   if ! ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-      "$build_dir/fuzz/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+      "$build_dir/fuzz/$t" -max_total_time="$seconds" -seed="${FUZZ_SEED:-1}" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
       -artifact_prefix="$artifacts/$t-" -print_final_stats=1 "${dict[@]}" "$work" >"$build_dir/$t.log" 2>&1; then
     echo "[fuzz] $t FAILED (log: $build_dir/$t.log; inputs: $artifacts/$t-*)"
     tail -n 40 "$build_dir/$t.log"
