@@ -161,26 +161,12 @@ void Server::Impl::generate(HttpConn& c, const std::string& endpoint, server::Pa
                                                std::to_string(opt.timeout_s) + " s and was cancelled",
                                       "", "timeout")
                            : ApiError(503, "the server shut down before the request finished", "", "shutting_down");
-    if (p.stream) {
-      send_event(c, ojson::parse(server::error_body(e)));
-      c.send_chunk("data: [DONE]\n\n");
-      c.end_stream();
-      count(endpoint, e.status);
-    } else {
-      send_error(c, endpoint, e);
-    }
+    finish_with_error(c, endpoint, e, p.stream);
     return;
   }
   if (res.finish_reason == "error") {
     const ApiError e(500, "generation failed: " + res.error, "", "generation_error");
-    if (p.stream) {
-      send_event(c, ojson::parse(server::error_body(e)));
-      c.send_chunk("data: [DONE]\n\n");
-      c.end_stream();
-      count(endpoint, 500);
-    } else {
-      send_error(c, endpoint, e);
-    }
+    finish_with_error(c, endpoint, e, p.stream);
     return;
   }
   if (warm && res.n_pin_refused > 0) {

@@ -159,6 +159,15 @@ struct Server::Impl {
   void generate(HttpConn& c, const std::string& endpoint, server::ParsedRequest& p, const std::string& tenant,
                 double t_arrival, bool warm);
   bool send_event(HttpConn& c, const ojson& j) { return c.send_chunk("data: " + server_detail::json_text(j) + "\n\n"); }
+  // Ends a request that failed after admission: on a stream the error event, [DONE] and the end of
+  // the stream (the status line went out already); otherwise an error response. Counted either way.
+  void finish_with_error(HttpConn& c, const std::string& endpoint, const ApiError& e, bool stream) {
+    if (!stream) return send_error(c, endpoint, e);
+    send_event(c, ojson::parse(server::error_body(e)));
+    c.send_chunk("data: [DONE]\n\n");
+    c.end_stream();
+    count(endpoint, e.status);
+  }
   void generate_multi(HttpConn& c, const std::string& endpoint, server::ParsedRequest& p, const std::string& tenant,
                       double t_arrival);
 

@@ -183,27 +183,13 @@ void Server::Impl::generate_multi(HttpConn& c, const std::string& endpoint, serv
     }
     const ApiError e = cancel_why[0] == 't' ? ApiError(504, "the request did not finish within the server's timeout and was cancelled", "", "timeout")
                                             : ApiError(503, "the server shut down before the request finished", "", "shutting_down");
-    if (p.stream) {
-      send_event(c, ojson::parse(server::error_body(e)));
-      c.send_chunk("data: [DONE]\n\n");
-      c.end_stream();
-      count(endpoint, e.status);
-    } else {
-      send_error(c, endpoint, e);
-    }
+    finish_with_error(c, endpoint, e, p.stream);
     return;
   }
   for (const GenerateResult& r : res)
     if (r.finish_reason == "error") {
       const ApiError e(500, "generation failed: " + r.error, "", "generation_error");
-      if (p.stream) {
-        send_event(c, ojson::parse(server::error_body(e)));
-        c.send_chunk("data: [DONE]\n\n");
-        c.end_stream();
-        count(endpoint, 500);
-      } else {
-        send_error(c, endpoint, e);
-      }
+      finish_with_error(c, endpoint, e, p.stream);
       return;
     }
   // Usage: each prompt once (its first candidate), every candidate's completion tokens (best_of
