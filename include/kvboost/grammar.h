@@ -139,6 +139,7 @@ class TokenVocab {
 class CompiledGrammar {
  public:
   CompiledGrammar(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenVocab> v);
+  ~CompiledGrammar();
   const Grammar& grammar() const { return *g_; }
   const TokenVocab& vocab() const { return *v_; }
   // Compiles GBNF for a vocabulary, reusing a recent compilation of the same text (so requests
@@ -150,6 +151,9 @@ class CompiledGrammar {
     int64_t subtrees = 0;  // trie subtrees accepted whole by the walks (TokenVocab::Below)
   };
   CacheStats cache_stats() const;
+  // The mask walks' memo of stack sets and their transitions, kept across walks so that a new
+  // state's walk finds the transitions earlier walks computed (opaque; mask.cpp).
+  struct WalkMemo;
 
  private:
   friend class Matcher;
@@ -158,6 +162,8 @@ class CompiledGrammar {
   mutable std::mutex mu_;
   mutable std::unordered_map<std::string, std::shared_ptr<const std::vector<uint32_t>>> cache_;
   mutable int64_t hits_ = 0, misses_ = 0, subtrees_ = 0;
+  mutable std::mutex walk_mu_;  // guards memo_
+  mutable std::unique_ptr<WalkMemo> memo_;
 };
 
 // Per-request matcher state. Copyable (a copy is an independent state); accept() keeps an undo

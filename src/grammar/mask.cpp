@@ -2,6 +2,7 @@
 // the matcher's state so that a rejected prefix prunes every token under it; masks are cached
 // per state in the CompiledGrammar.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <deque>
@@ -202,42 +203,69 @@ namespace {
 
 using Stacks = std::vector<std::vector<uint32_t>>;
 
-// The walk interns the stack sets it meets and memoizes (set, code point) -> set, so that the
-// matcher runs once per distinct transition instead of once per trie node: a state inside a
-// JSON string maps almost every character back to one or two sets, and the ~1M nodes of a 262k
-// vocabulary become hash lookups.
-struct Walker {
-  const Grammar& g;
-  const TokenVocab& v;
-  std::vector<uint32_t>& bits;
+}  // namespace
+
+// The walks' memo: interned stack sets and (set, code point) -> set, so that the matcher runs
+// once per distinct transition instead of once per trie node (a state inside a JSON string maps
+// almost every character back to one or two sets, and the ~1M nodes of a 262k vocabulary become
+// table lookups). It is kept across walks: the walk from a bounded string's k-th character
+// computes the transitions of the (k+1)-th, which the next state's walk then only looks up.
+// ASCII transitions are a dense table per set; other code points a hash map.
+struct CompiledGrammar::WalkMemo {
+  static constexpr int32_t kUnknown = -2;  // (-1: rejected)
   std::deque<Stacks> sets;                           // interned stack sets, by id
   std::unordered_map<std::string, int32_t> set_ids;  // serialized set -> id
-  std::unordered_map<uint64_t, int32_t> step;        // (id, cp) -> id, -1: rejected
+  std::vector<std::array<int32_t, 128>> ascii;       // per set: ASCII byte -> set
+  std::unordered_map<uint64_t, int32_t> step;        // (id, non-ASCII cp) -> set
   std::unordered_map<uint64_t, bool> partial_ok;     // (id, lo) -> a partial char may continue
   // Per set: the ASCII characters known to map it back to itself (a JSON string's body, a
   // pattern's repeated class), and those tested.
   struct Loops {
     uint64_t known[2] = {0, 0}, yes[2] = {0, 0};
   };
-  std::unordered_map<int32_t, Loops> loops;
+  std::vector<Loops> loops;
   Stacks scratch;
+  size_t stack_words = 0;  // positions held by `sets` (memory bound)
+
+  // Past ~64 MiB the memo starts over (a long generation whose states never repeat).
+  bool over_budget() const {
+    return sets.size() * (sizeof(std::array<int32_t, 128>) + sizeof(Loops) + 96) + stack_words * 8 +
+               (step.size() + partial_ok.size()) * 48 >
+           (size_t(64) << 20);
+  }
+};
+
+CompiledGrammar::~CompiledGrammar() = default;
+
+namespace {
+
+using WalkMemo = CompiledGrammar::WalkMemo;
+
+struct Walker {
+  const Grammar& g;
+  const TokenVocab& v;
+  std::vector<uint32_t>& bits;
+  WalkMemo& m;
   bool use_subtrees = true;
   int64_t n_shortcut = 0;
 
   // Whether every byte in `b` (all ASCII) maps set `id` back to itself: then every token below
   // the node is accepted, whatever its bytes' order, and the set stays non-empty.
   bool loops_over(int32_t id, const TokenVocab::Below& b) {
-    Loops& L = loops[id];
     for (int w = 0; w < 2; ++w) {
-      if (b.ascii[w] & L.known[w] & ~L.yes[w]) return false;
-      uint64_t need = b.ascii[w] & ~L.known[w];
+      {
+        const WalkMemo::Loops& L = m.loops[size_t(id)];
+        if (b.ascii[w] & L.known[w] & ~L.yes[w]) return false;
+      }
+      uint64_t need = b.ascii[w] & ~m.loops[size_t(id)].known[w];
       while (need) {
         const int bit = __builtin_ctzll(need);
         need &= need - 1;
-        const uint64_t m = uint64_t(1) << bit;
-        const bool same = advance(id, uint32_t(w * 64 + bit)) == id;
-        L.known[w] |= m;  // references into an unordered_map survive its rehashing
-        if (same) L.yes[w] |= m;
+        const uint64_t mask = uint64_t(1) << bit;
+        const bool same = advance(id, uint32_t(w * 64 + bit)) == id;  // (may grow m.loops)
+        WalkMemo::Loops& L = m.loops[size_t(id)];
+        L.known[w] |= mask;
+        if (same) L.yes[w] |= mask;
         else return false;
       }
     }
@@ -254,25 +282,37 @@ struct Walker {
     return k;
   }
   int32_t intern(const Stacks& st) {
-    auto [it, added] = set_ids.emplace(key_of(st), int32_t(sets.size()));
-    if (added) sets.push_back(st);
+    auto [it, added] = m.set_ids.emplace(key_of(st), int32_t(m.sets.size()));
+    if (added) {
+      m.sets.push_back(st);
+      std::array<int32_t, 128> row;
+      row.fill(WalkMemo::kUnknown);
+      m.ascii.push_back(row);
+      m.loops.emplace_back();
+      for (const auto& s : st) m.stack_words += s.size() + 1;
+    }
     return it->second;
   }
   int32_t advance(int32_t id, uint32_t cp) {
-    const uint64_t k = (uint64_t(uint32_t(id)) << 21) | cp;
-    auto it = step.find(k);
-    if (it != step.end()) return it->second;
-    advance_stacks(g, sets[size_t(id)], cp, scratch);
-    const int32_t r = scratch.empty() ? -1 : intern(scratch);
-    step.emplace(k, r);
+    if (cp < 128) {
+      const int32_t known = m.ascii[size_t(id)][cp];
+      if (known != WalkMemo::kUnknown) return known;
+    } else {
+      auto it = m.step.find((uint64_t(uint32_t(id)) << 21) | cp);
+      if (it != m.step.end()) return it->second;
+    }
+    advance_stacks(g, m.sets[size_t(id)], cp, m.scratch);
+    const int32_t r = m.scratch.empty() ? -1 : intern(m.scratch);
+    if (cp < 128) m.ascii[size_t(id)][cp] = r;
+    else m.step.emplace((uint64_t(uint32_t(id)) << 21) | cp, r);
     return r;
   }
   bool may_continue(int32_t id, uint8_t left, uint32_t lo, uint32_t hi) {
     const uint64_t k = (uint64_t(uint32_t(id)) << 23) | (uint64_t(left) << 21) | lo;
-    auto it = partial_ok.find(k);
-    if (it != partial_ok.end()) return it->second;
-    const bool r = stacks_accept_range(g, sets[size_t(id)], lo, hi);
-    partial_ok.emplace(k, r);
+    auto it = m.partial_ok.find(k);
+    if (it != m.partial_ok.end()) return it->second;
+    const bool r = stacks_accept_range(g, m.sets[size_t(id)], lo, hi);
+    m.partial_ok.emplace(k, r);
     return r;
   }
 
@@ -360,10 +400,16 @@ std::shared_ptr<const std::vector<uint32_t>> Matcher::allowed() {
   }
   const TokenVocab& v = g_->vocab();
   auto bits = std::make_shared<std::vector<uint32_t>>((size_t(v.size()) + 31) / 32, 0u);
-  Walker w{g_->grammar(), v, *bits, {}, {}, {}, {}, {}, {}, subtrees_enabled(), 0};
-  if (st_.partial_left > 0 || !st_.stacks.empty()) w.walk(0, w.intern(st_.stacks), st_.partial_cp, st_.partial_left, st_.partial_len);
+  int64_t n_shortcut = 0;
+  if (st_.partial_left > 0 || !st_.stacks.empty()) {
+    std::lock_guard<std::mutex> wl(g_->walk_mu_);
+    if (!g_->memo_ || g_->memo_->over_budget()) g_->memo_ = std::make_unique<WalkMemo>();
+    Walker w{g_->grammar(), v, *bits, *g_->memo_, subtrees_enabled(), 0};
+    w.walk(0, w.intern(st_.stacks), st_.partial_cp, st_.partial_left, st_.partial_len);
+    n_shortcut = w.n_shortcut;
+  }
   std::lock_guard<std::mutex> l(g_->mu_);
-  g_->subtrees_ += w.n_shortcut;
+  g_->subtrees_ += n_shortcut;
   // At most ~64 MiB of masks per grammar; past that, start over (states of a long generation
   // that never repeat).
   const size_t max_entries = std::max<size_t>(64, (size_t(64) << 20) / (bits->size() * 4 + 64));
