@@ -115,11 +115,13 @@ class TokenVocab {
   // State-independent classes, per node: the bytes below it (of its subtree's tokens, after the
   // node's own prefix) as an ASCII bitmap plus whether any is non-ASCII, and its subtree's tokens
   // as the range [lo, hi) of sorted_ids() (tokens in byte order). A mask walk that reaches a node
-  // in a state that every byte below maps back to itself accepts the whole range at once.
+  // in a state that every byte below maps back to itself, or through a chain of states as long
+  // as the subtree is deep (a bounded repetition), accepts the whole range at once.
   struct Below {
     uint64_t ascii[2] = {0, 0};
     uint32_t lo = 0, hi = 0;
     bool non_ascii = false;
+    uint16_t depth = 0;  // the longest token below, in bytes after the node's prefix
   };
   const std::vector<Below>& below() const { return below_; }
   const std::vector<int32_t>& sorted_ids() const { return sorted_ids_; }

@@ -145,6 +145,7 @@ TokenVocab::TokenVocab(std::vector<std::string> token_bytes) : bytes_(std::move(
       b.ascii[0] |= below_[c].ascii[0];
       b.ascii[1] |= below_[c].ascii[1];
       b.non_ascii = b.non_ascii || below_[c].non_ascii;
+      b.depth = uint16_t(std::min<int>(0xFFFF, std::max<int>(b.depth, below_[c].depth + 1)));
     }
   }
   sorted_ids_ = std::move(order);
@@ -224,12 +225,20 @@ struct CompiledGrammar::WalkMemo {
     uint64_t known[2] = {0, 0}, yes[2] = {0, 0};
   };
   std::vector<Loops> loops;
+  // Per set: the ASCII bytes that all lead to one set (the most common accepting target), so a
+  // subtree whose bytes are all among them advances a whole trie level with one test.
+  struct Uniform {
+    bool done = false;
+    int32_t target = -1;
+    uint64_t bits[2] = {0, 0};
+  };
+  std::vector<Uniform> uni;
   Stacks scratch;
   size_t stack_words = 0;  // positions held by `sets` (memory bound)
 
   // Past ~64 MiB the memo starts over (a long generation whose states never repeat).
   bool over_budget() const {
-    return sets.size() * (sizeof(std::array<int32_t, 128>) + sizeof(Loops) + 96) + stack_words * 8 +
+    return sets.size() * (sizeof(std::array<int32_t, 128>) + sizeof(Loops) + sizeof(Uniform) + 96) + stack_words * 8 +
                (step.size() + partial_ok.size()) * 48 >
            (size_t(64) << 20);
   }
@@ -272,6 +281,35 @@ struct Walker {
     return true;
   }
 
+  const WalkMemo::Uniform& uniform(int32_t id) {
+    if (!m.uni[size_t(id)].done) {
+      int32_t to[128];
+      for (uint32_t c = 0; c < 128; ++c) to[c] = advance(id, c);  // (may grow m.uni)
+      std::unordered_map<int32_t, int> count;
+      int32_t best = -1;
+      for (uint32_t c = 0; c < 128; ++c)
+        if (to[c] >= 0 && ++count[to[c]] > (best < 0 ? 0 : count[best])) best = to[c];
+      WalkMemo::Uniform u;
+      u.done = true;
+      u.target = best;
+      for (uint32_t c = 0; c < 128; ++c)
+        if (best >= 0 && to[c] == best) u.bits[c >> 6] |= uint64_t(1) << (c & 63);
+      m.uni[size_t(id)] = u;
+    }
+    return m.uni[size_t(id)];
+  }
+  // Whether every token below a node (bytes `b`, all ASCII) is accepted from set `id`: each of
+  // the subtree's levels takes all of its bytes to one set (a chain as deep as the subtree; a
+  // bounded string's "k characters left" states), and every set on the chain is non-empty.
+  bool chain_accepts(int32_t id, const TokenVocab::Below& b) {
+    for (int d = 0; d < b.depth; ++d) {
+      const WalkMemo::Uniform& u = uniform(id);
+      if (u.target < 0 || (b.ascii[0] & ~u.bits[0]) || (b.ascii[1] & ~u.bits[1])) return false;
+      id = u.target;
+    }
+    return true;
+  }
+
   static std::string key_of(const Stacks& st) {
     std::string k;
     for (const auto& s : st) {
@@ -289,6 +327,7 @@ struct Walker {
       row.fill(WalkMemo::kUnknown);
       m.ascii.push_back(row);
       m.loops.emplace_back();
+      m.uni.emplace_back();
       for (const auto& s : st) m.stack_words += s.size() + 1;
     }
     return it->second;
@@ -344,7 +383,7 @@ struct Walker {
       const TokenVocab::Node& cn = v.nodes()[c];
       if (qleft == 0 && cn.n_children && use_subtrees) {
         const TokenVocab::Below& b = v.below()[c];
-        if (!b.non_ascii && loops_over(next, b)) {
+        if (!b.non_ascii && (loops_over(next, b) || chain_accepts(next, b))) {
           for (uint32_t t = b.lo; t < b.hi; ++t) {
             const int32_t id = v.sorted_ids()[t];
             bits[size_t(id) >> 5] |= 1u << (id & 31);

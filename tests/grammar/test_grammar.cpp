@@ -240,7 +240,11 @@ TEST(Mask, SubtreeShortcutEqualsBruteForce) {
   for (const std::string& gtext :
        {json_schema_to_gbnf(nlohmann::ordered_json::parse(R"({"type":"object","properties":{"s":{"type":"string"},
             "t":{"type":"array","items":{"type":"string"}}},"required":["s","t"]})")),
-        std::string("root ::= [a-f ]+ \"!\"")}) {
+        std::string("root ::= [a-f ]+ \"!\""),
+        // bounded repetitions: the chain shortcut (each level's bytes lead to one next state)
+        json_schema_to_gbnf(nlohmann::ordered_json::parse(R"({"type":"object","properties":{"s":{"type":"string","maxLength":7},
+            "t":{"type":"array","items":{"type":"string","maxLength":4},"maxItems":3}},"required":["s","t"]})")),
+        regex_to_gbnf("[a-f ]{2,9}![0-9]{1,5}")}) {
     auto cg = std::make_shared<const CompiledGrammar>(parse_gbnf(gtext), vocab);
     for (int walk = 0; walk < 4; ++walk) {
       Matcher m(cg);
