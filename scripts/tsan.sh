@@ -2,8 +2,9 @@
 # A ThreadSanitizer build (clang-14 -fsanitize=thread, build-tsan/) of the tests where threads meet:
 # the HTTP server's event loop and handler pool over real loopback HTTP (test_server,
 # test_http_hostile, test_api_extra), the engine's scheduler and streams (test_runtime,
-# test_runtime_stream), the thread pool, the chunk store and KV cache (test_kv), and the remote
-# chunk tier against a real redis-server (test_remote_store, test_remote_server). No Python.
+# test_runtime_stream; test_layer_stream: the layer reader thread), the thread pool, the chunk
+# store and KV cache (test_kv), and the remote chunk tier against a real redis-server
+# (test_remote_store, test_remote_server). No Python.
 # A data race, a lock-order inversion or any other TSan report fails the test that showed it.
 #
 #   scripts/tsan.sh [extra ctest args...]
@@ -14,8 +15,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 build_dir="${KVBOOST_TSAN_BUILD_DIR:-build-tsan}"
 jobs="${KVBOOST_JOBS:-$(nproc)}"
-targets=(test_server test_http_hostile test_api_extra test_runtime test_runtime_stream test_thread_pool
-         test_kv test_remote_store test_remote_server)
+targets=(test_server test_http_hostile test_api_extra test_runtime test_runtime_stream test_layer_stream
+         test_thread_pool test_kv test_remote_store test_remote_server)
 command -v clang++-14 >/dev/null || { echo "clang++-14 is missing (scripts/install-deps.sh installs it)" >&2; exit 1; }
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
