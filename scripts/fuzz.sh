@@ -18,7 +18,7 @@ seconds="${FUZZ_SECONDS:-30}"
 build_dir="$san_build_dir"
 artifacts="${FUZZ_ARTIFACTS:-$build_dir/artifacts}"
 all=(fuzz_http_parser fuzz_openai_body fuzz_safetensors fuzz_gguf fuzz_config fuzz_tokenizer_json
-     fuzz_tokenizer_encode fuzz_chat_template fuzz_chunk_file)
+     fuzz_tokenizer_encode fuzz_chat_template fuzz_chunk_file fuzz_grammar)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all[@]}")
 

@@ -9,7 +9,7 @@
 # a silent skip would hide a broken install. Without .venv the oracle tests report SKIPPED.
 # An explicit KVBOOST_REQUIRE_ORACLES in the environment, or a flag, wins.
 #
-# Environment: KVBOOST_BUILD_DIR (default: build), KVBOOST_JOBS (default: nproc),
+# Environment: KVBOOST_BUILD_DIR (default: build), KVBOOST_JOBS (default: nproc), KVBOOST_CMAKE_ARGS,
 # KVBOOST_GEMMA3_GGUF (default: scripts/gemma_path.sh), KVBOOST_REQUIRE_GEMMA3 (default 1 under CI).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -54,9 +54,17 @@ if [[ "${CI:-}" == "true" ]]; then
 fi
 echo "[test] KVBOOST_GEMMA3_GGUF=${KVBOOST_GEMMA3_GGUF:-(absent: Gemma 3 tests skip)}, KVBOOST_REQUIRE_GEMMA3=${KVBOOST_REQUIRE_GEMMA3:-0}"
 
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBOOST_BUILD_TESTS=ON  # demo.sh may have set OFF
+# KVBOOST_CMAKE_ARGS: extra configure arguments (.ci/run passes -DKVBOOST_TEST_OPT=-O1).
+t_build=$SECONDS
+# shellcheck disable=SC2086
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBOOST_BUILD_TESTS=ON ${KVBOOST_CMAKE_ARGS:-}  # demo.sh may have set OFF
 cmake --build "$build_dir" -j "$jobs"
+echo "[test] built in $((SECONDS - t_build)) s"
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
   echo "[test] note: no CUDA device here: the GPU tests (test_gpu*) report SKIPPED; they run only on a GPU machine (scripts/gpu_check.sh)"
 fi
-ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" "${ctest_args[@]}"
+t_test=$SECONDS
+rc=0
+ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" "${ctest_args[@]}" || rc=$?
+echo "[test] ctest in $((SECONDS - t_test)) s"
+exit "$rc"
