@@ -60,7 +60,11 @@ struct DecoderStats {
 // other dtypes are rejected with an Error naming the tensor). Matmuls run in f32 on f32 weights
 // (cuBLAS SGEMM, no TF32); on f16/bf16 weights decode-sized passes (<= 8 tokens) use a GEMV with
 // f32 activations, larger passes cuBLAS with activations rounded to the weight type and f32
-// accumulation. Resident and streamed decoders run the same kernels on the same bytes: their
+// accumulation. AutoAWQ 4-bit layers (qweight/qzeros/scales) are repacked at load into Q4_Z128
+// (group size a multiple of 128) or Q4_Z rows and stay 4-bit on the device and on the wire when
+// streamed: decode passes read them with cuda::gemv_q4, larger ones dequantize one matrix to bf16
+// for cuBLAS (cuda::matmul_q4). Tensor names come from the architecture tables (src/model/arch).
+// Resident and streamed decoders run the same kernels on the same bytes: their
 // logits are bit-identical. Not thread-safe; one Decoder per thread.
 class Decoder {
  public:
@@ -93,7 +97,6 @@ class Decoder {
   explicit Decoder(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
 
 // ---- layer-streaming plan (src/gpu/stream_plan.cpp; CPU-side logic, in every build) ----
 // Which layers stay resident on the device under a VRAM budget and, for the rest, the copy /
