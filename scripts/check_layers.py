@@ -25,6 +25,7 @@ RANKS = {
     "common": 0,     # errors, logging, threads, CPU features, mapped files
     "kernels": 1,    # free functions: matmul per weight type, norms, RoPE, attention (cpu/, cuda/)
     "hub": 1,        # Hugging Face Hub downloads (uses common only)
+    "dist": 1,       # tensor-parallel collectives: shared memory between processes, NCCL (common only)
     "tokenizer": 2,  # tokenizer.json / GGUF vocabularies, streaming detokenizer
     "chat": 3,       # chat templates (Jinja subset)
     "grammar": 3,    # GBNF / JSON-schema token masks (over the tokenizer's vocabulary)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compile-only check of the CUDA backend (-DKVBOOST_CUDA=ON), so that it cannot rot on machines
-# without a GPU. By default it compiles the three files that only a CUDA build compiles (the
-# kernels, the GPU decoder, the kernel tests) and nothing else: test_gpu and gpu_stream_bench are
+# without a GPU. By default it compiles the files that only a CUDA build compiles (the
+# kernels, the GPU decoder, the device probe, NCCL, the attention benchmark, the kernel tests)
+# and nothing else: test_gpu and gpu_stream_bench are
 # the same sources in every build (the CPU build compiles them against the stub), and linking
 # would first compile the ~40 files of common/kernels/tokenizer/model again. KVBOOST_CUDA_CHECK_FULL=1
 # builds and links every CUDA target and runs the GPU tests (they skip without a device).
@@ -22,15 +23,23 @@ jobs="${KVBOOST_JOBS:-$(nproc)}"
 start=$SECONDS
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBOOST_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" > /dev/null
 if [[ "${KVBOOST_CUDA_CHECK_FULL:-0}" == "1" ]]; then
-  ninja -C "$dir" -j "$jobs" test_gpu test_gpu_kernels gpu_stream_bench
+  ninja -C "$dir" -j "$jobs" test_gpu test_gpu_kernels gpu_stream_bench gpu_attention_bench test_dist
   "$dir/tests/gpu/test_gpu_kernels" --gtest_brief=1
   "$dir/tests/gpu/test_gpu" --gtest_brief=1
   what="built the CUDA targets and ran the GPU tests (skipped without a device)"
 else
   ninja -C "$dir" -j "$jobs" \
     src/gpu/CMakeFiles/kvboost_cuda_kernels.dir/__/kernels/cuda/kernels.cu.o \
+    src/gpu/CMakeFiles/kvboost_cuda_kernels.dir/__/kernels/cuda/attention.cu.o \
+    src/gpu/CMakeFiles/kvboost_cuda_kernels.dir/__/kernels/cuda/quant.cu.o \
     src/gpu/CMakeFiles/kvboost_gpu.dir/gpu_decoder.cpp.o \
+    src/kernels/CMakeFiles/kvboost_kernels.dir/device.cpp.o \
+    bench/CMakeFiles/gpu_attention_bench.dir/gpu_attention_bench.cpp.o \
     tests/gpu/CMakeFiles/test_gpu_kernels.dir/test_gpu_kernels.cpp.o
+  # NCCL is optional (src/dist/CMakeLists.txt): its file is compiled where the toolkit has it.
+  if ninja -C "$dir" -t targets all | grep -q '^src/dist/CMakeFiles/kvboost_dist.dir/nccl.cpp.o:'; then
+    ninja -C "$dir" -j "$jobs" src/dist/CMakeFiles/kvboost_dist.dir/nccl.cpp.o
+  fi
   what="compiled the CUDA-only sources"
 fi
 echo "[cuda] $what in $((SECONDS - start)) s"

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kvboost/model.h"
 
@@ -59,7 +60,11 @@ struct DecoderStats {
 // other dtypes are rejected with an Error naming the tensor). Matmuls run in f32 on f32 weights
 // (cuBLAS SGEMM, no TF32); on f16/bf16 weights decode-sized passes (<= 8 tokens) use a GEMV with
 // f32 activations, larger passes cuBLAS with activations rounded to the weight type and f32
-// accumulation. Resident and streamed decoders run the same kernels on the same bytes: their
+// accumulation. AutoAWQ 4-bit layers (qweight/qzeros/scales) are repacked at load into Q4_Z128
+// (group size a multiple of 128) or Q4_Z rows and stay 4-bit on the device and on the wire when
+// streamed: decode passes read them with cuda::gemv_q4, larger ones dequantize one matrix to bf16
+// for cuBLAS (cuda::matmul_q4). Tensor names come from the architecture tables (src/model/arch).
+// Resident and streamed decoders run the same kernels on the same bytes: their
 // logits are bit-identical. Not thread-safe; one Decoder per thread.
 class Decoder {
  public:
@@ -92,5 +97,67 @@ class Decoder {
   explicit Decoder(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// ---- layer-streaming plan (src/gpu/stream_plan.cpp; CPU-side logic, in every build) ----
+// Which layers stay resident on the device under a VRAM budget and, for the rest, the copy /
+// compute / event schedule over double-buffered (or more) device slots, so that layer i
+// computes while layer i+1 copies. Plain data, planned once at load; the CUDA decoder executes
+// it and tests/gpu checks it without a device.
+struct StreamPlanInput {
+  std::vector<uint64_t> layer_bytes;  // [n_layers] bytes of each layer's weights as copied (packed)
+  uint64_t fixed_bytes = 0;   // always resident: embeddings, head, final norm, activations, K/V
+  uint64_t vram_budget = 0;   // device bytes for all of it (--vram-budget)
+  int64_t n_slots = 2;        // device slots for streamed layers (2 = double buffering)
+};
+
+enum class StreamOp : uint8_t {
+  WaitFree,     // copy stream waits on event free[slot] (the compute that last used the slot)
+  Copy,         // copy stream: layer's bytes, pinned host -> slot
+  RecordFilled, // copy stream records filled[slot]
+  WaitFilled,   // compute stream waits on filled[slot]
+  Compute,      // compute stream runs the layer (slot -1: resident weights)
+  RecordFree,   // compute stream records free[slot]
+};
+const char* stream_op_name(StreamOp op);
+
+struct StreamStep {
+  StreamOp op;
+  int64_t layer;
+  int64_t slot;  // -1 for a resident layer's Compute
+};
+
+struct StreamPlan {
+  bool streaming = false;             // false: every layer resident (no slots, no copies)
+  std::vector<bool> resident;         // [n_layers]
+  std::vector<int64_t> streamed;      // the streamed layers in pass order
+  int64_t n_slots = 0;                // 0 when not streaming
+  uint64_t slot_bytes = 0;            // the largest streamed layer
+  uint64_t resident_layer_bytes = 0;  // resident layers' bytes
+  uint64_t device_bytes = 0;          // fixed + resident layers + slots (<= vram_budget)
+  uint64_t bytes_per_pass = 0;        // host -> device bytes one forward pass copies
+  // The calls the host issues, in order. Streamed item j (layer streamed[j]) lives in slot
+  // j % n_slots. prologue (once, before the first pass): the copies of items 0 .. n_slots - 1.
+  // steps (every pass): the layers' computes; right after item i's compute frees its slot, the
+  // copy of item i + n_slots is issued into it -- of this pass, or (i + n_slots - m, m items) of
+  // the next pass, so the next pass's first layers copy while this one finishes and samples.
+  // With 2 slots, item i + 1 copies while item i computes.
+  std::vector<StreamStep> prologue, steps;
+};
+
+// Error (naming the bytes) when the budget cannot hold fixed_bytes, or holds fewer than n_slots
+// slots of the largest layer while not everything fits; n_slots < 2 is an Error.
+StreamPlan plan_layer_stream(const StreamPlanInput& in);
+
+// Predicted timeline of `passes` back-to-back passes of `plan` on two streams (copy, compute):
+// copies at `h2d_bytes_per_s`, layer l computing for compute_s[l] seconds. Returns the steady
+// state: seconds of the last pass and, per streamed item of it, the copy's [start, end) and the
+// compute's [start, end), in seconds from that pass's start. What device runs are checked against
+// (tokens/s of streamed decode vs bandwidth / bytes per pass).
+struct StreamTimeline {
+  double pass_s = 0;
+  std::vector<double> copy_start, copy_end, compute_start, compute_end;  // per plan.streamed item
+};
+StreamTimeline simulate_layer_stream(const StreamPlan& plan, const std::vector<uint64_t>& layer_bytes,
+                                     double h2d_bytes_per_s, const std::vector<double>& compute_s, int passes = 3);
 
 }  // namespace kvboost::gpu

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 namespace kvboost {
@@ -287,5 +288,25 @@ void quantize_row(const float* src, WType wt, void* dst, int64_t n);
 void softmax(float* x, int64_t n);
 // Index of the largest value (first one on ties).
 int64_t argmax(const float* x, int64_t n);
+
+
+// ---- compute devices (issue 29) ----
+// Where a model runs: the CPU (the default) or CUDA device `index`. parse_device reads "cpu",
+// "cuda" (= cuda:0) and "cuda:N"; anything else is an Error naming `what` and the value.
+// require_device throws an Error naming the device when it cannot be used here: a build without
+// -DKVBOOST_CUDA=ON ("kvboost was built without CUDA (-DKVBOOST_CUDA=ON)"), no CUDA device, or an
+// index past the device count (both say how many devices CUDA sees). Never #ifdef at call sites.
+struct Device {
+  enum class Kind : uint8_t { Cpu, Cuda };
+  Kind kind = Kind::Cpu;
+  int index = 0;
+  bool is_cpu() const { return kind == Kind::Cpu; }
+  std::string name() const;  // "cpu", "cuda:0"
+  bool operator==(const Device& o) const { return kind == o.kind && index == o.index; }  // C++17: nvcc includes this
+};
+Device parse_device(std::string_view s, std::string_view what = "device");
+bool cuda_built();       // false without -DKVBOOST_CUDA=ON
+int cuda_device_count();  // 0 without CUDA, without a driver or without a device; never throws
+void require_device(const Device& d, std::string_view what = "device");
 
 }  // namespace kvboost::kernels

@@ -226,10 +226,18 @@ struct LoadOptions {
   // turns it off whatever this says (A/B runs of one binary).
   bool pack_weights = true;
   std::function<void(const std::string& stage, size_t done, size_t total)> progress;
+  // Where the forward pass runs (--device): the CPU by default. A CUDA device is checked at load
+  // (kernels::require_device: built without CUDA, no device, index past the count are Errors
+  // naming the device); docs/gpu.md says what runs on it so far.
+  kernels::Device device;
 };
 
 namespace detail {
 struct ModelImpl;  // src/model/model_impl.h: weights, architecture, RoPE tables, streamer
+struct LayerWeights;
+}
+namespace dist {
+class Comm;  // kvboost/dist.h
 }
 
 class Model {
@@ -305,9 +313,43 @@ class Model {
   const std::vector<float>& rope_inv_freq(int64_t layer) const;
 
  private:
+  friend class TpShard;  // tp_forward.cpp reads the bound weights
   Model();
   ModelConfig cfg_;
   std::unique_ptr<detail::ModelImpl> impl_;  // src/model/model_impl.h
+};
+
+// ---- tensor parallelism (src/model/tp_forward.cpp, docs/gpu.md) ----
+// One rank's shard of a model (Megatron-style): attention heads split across `world` ranks
+// (rows of Wq/Wk/Wv and their biases, columns of Wo) and the MLP's intermediate dimension
+// (rows of gate/up, columns of down); embeddings, norms and the head stay whole on every rank.
+// forward() all-reduces (sums) the partial outputs of the O and down projections, so every rank
+// holds the same residual stream and the same logits. n_heads and n_kv_heads must divide by
+// world (GQA groups stay on one rank); the intermediate split may be uneven. Architectures:
+// llama, mistral, qwen2, qwen3 (others: Error). The model must be loaded with
+// LoadOptions::pack_weights = false and without layer streaming (Error otherwise); a quantized
+// matrix split along its columns needs the split at a block boundary. Row slices point into the
+// model's weights; column slices are copied (about 1/world of Wo and down per rank).
+class TpShard {
+ public:
+  static std::unique_ptr<TpShard> create(const Model& m, int rank, int world);
+  ~TpShard();
+  // The shard's shapes: n_heads / world, n_kv_heads / world, its share of intermediate_size.
+  // A KvCache of this config holds the rank's K/V.
+  const ModelConfig& config() const { return cfg_; }
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  // As Model::forward (tokens at kv.size() ..; logits [n, vocab] or [vocab]) on every rank at
+  // once; comm.world() must equal world() and comm.rank() rank().
+  void forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logits, bool all_logits, dist::Comm& comm) const;
+
+ private:
+  TpShard() = default;
+  const Model* model_ = nullptr;
+  ModelConfig cfg_;
+  int rank_ = 0, world_ = 1;
+  std::vector<detail::LayerWeights> layers_;
+  std::vector<std::vector<uint8_t>> store_;  // the copied column slices
 };
 
 // ---- model identity (src/model/identity.cpp) ----

@@ -228,7 +228,7 @@ class KVBoost:
                         kv_cache_bits: int = 32, max_cache_bytes: Union[int, str] = "512MiB",
                         chunk_store: Optional[str] = None, threads: Optional[int] = None,
                         weight_budget: Union[int, str, None] = None, kv_budget: Union[int, str, None] = None,
-                        max_batch: int = 16, head_quant: str = "auto", revision: Optional[str] = None,
+                        max_batch: int = 16, head_quant: str = "auto", revision: Optional[str] = None, device: str = "cpu",
                         download: Optional[bool] = None, **engine_options: Any) -> "KVBoost":
         """Loads ``model``: a model directory (config.json, *.safetensors, tokenizer.json), a .gguf
         file, or a Hugging Face id ``ORG/NAME[@REVISION][:FILE.gguf]`` (see :func:`resolve_model`).
@@ -242,7 +242,9 @@ class KVBoost:
         max_cache_bytes: RAM of the chunk store (0: none). chunk_store: a directory for its disk
         tier (survives restarts). threads: compute threads (process-wide; default all cores).
         weight_budget: stream layer weights from disk within this many bytes (e.g. "768M").
-        kv_budget: paged KV memory. Other keyword options go to EngineOptions (block_size,
+        kv_budget: paged KV memory. device: "cpu" (default), "cuda" or "cuda:N" (a CUDA build and
+        device; InvalidRequestError for a bad value, EngineError naming the device when it is not
+        usable, docs/gpu.md). Other keyword options go to EngineOptions (block_size,
         prefill_chunk, chunk_window, cold_dir, chunk_disk_bytes)."""
         if recompute_strategy not in _STRATEGIES:
             raise InvalidRequestError(f'recompute_strategy = "{recompute_strategy}" must be one of '
@@ -258,7 +260,7 @@ class KVBoost:
                                     chunk_ram_bytes=_bytes(max_cache_bytes, "max_cache_bytes"),
                                     chunk_store=chunk_store, weight_budget=_bytes(weight_budget, "weight_budget"),
                                     kv_budget_bytes=_bytes(kv_budget, "kv_budget"), max_batch=max_batch,
-                                    head_quant=head_quant)
+                                    head_quant=head_quant, device=device)
         known = {"block_size", "prefill_chunk", "chunk_window", "cold_dir", "chunk_disk_bytes"}
         for k, v in engine_options.items():
             if k not in known:

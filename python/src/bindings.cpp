@@ -219,6 +219,7 @@ std::shared_ptr<PyEngine> load(const std::string& path, const py::dict& k) {
     if (has("prefill_chunk")) eo.prefill_chunk = k["prefill_chunk"].cast<int64_t>();
     if (has("cold_dir")) eo.cold_dir = k["cold_dir"].cast<std::string>();
     if (has("weight_budget")) eo.load.weight_budget = k["weight_budget"].cast<uint64_t>();
+    if (has("device")) eo.load.device = kernels::parse_device(k["device"].cast<std::string>(), "device");
     if (has("head_quant")) eo.load.head_quant = parse_head_quant(k["head_quant"].cast<std::string>(), "head_quant");
     return 0;
   });

@@ -64,6 +64,12 @@ size_t parse_bytes(const std::string& s, const std::string& what) {
   return size_t(v * mul);
 }
 
+kernels::Device parse_device_flag(const std::string& s) {
+  const kernels::Device d = kernels::parse_device(s, "--device");
+  kernels::require_device(d, "--device");
+  return d;
+}
+
 uint64_t parse_weight_budget(const std::string& s) {
   return s == "0" ? 0 : uint64_t(parse_bytes(s, "--weight-budget"));
 }

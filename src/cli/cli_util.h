@@ -24,6 +24,11 @@ uint64_t parse_weight_budget(const std::string& s);
 inline constexpr const char* kWeightBudgetHelp =
     "Stream layer weights from disk, keeping at most this many bytes of layer matrices in memory, e.g. 768M "
     "(embeddings and norms stay resident; default 0: the whole model resident)";
+// --device cpu|cuda|cuda:N: parsed and checked (built with CUDA, device present) before anything
+// is loaded, so a bad value or a missing device is the first error.
+kernels::Device parse_device_flag(const std::string& s);
+inline constexpr const char* kDeviceHelp =
+    "Where the model runs: cpu (default), cuda (= cuda:0) or cuda:N; CUDA needs a -DKVBOOST_CUDA=ON build (docs/gpu.md)";
 inline constexpr const char* kHeadQuantHelp =
     "Quantize the output projection (lm_head / tied embeddings as head) at load: auto (q8_0 for AWQ "
     "checkpoints, else none), none, q8_0, q6_k, q4_0; a head already quantized (GGUF) is kept";

@@ -227,6 +227,7 @@ struct ModelArgs {
   bool no_reuse = false;
   std::string weight_budget = "0";
   std::string head_quant = "auto";
+  std::string device = "cpu";
   bool no_pack = false;
 };
 
@@ -283,12 +284,14 @@ GenerateOptions bench_options(int new_tokens, bool prefix_cache) {
 }
 
 void run_model(const ModelArgs& a) {
+  const kernels::Device device = parse_device_flag(a.device);
   const std::string dir = resolve_model_dir(a.model, true);
   const Roofline rl = measure_roofline(false, true);
   EngineOptions eo;
   eo.load.weight_budget = parse_weight_budget(a.weight_budget);
   eo.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   eo.load.pack_weights = !a.no_pack;
+  eo.load.device = device;
   auto engine = load_engine(dir, false, eo);
   const Model& m = engine->model();
   const ModelConfig& c = m.config();
@@ -494,6 +497,7 @@ CLI::App* add_bench(CLI::App& app) {
   model->add_flag("--no-reuse", ma->no_reuse, "Skip the 50-after-1,550-cached prefill");
   model->add_option("--weight-budget", ma->weight_budget, kWeightBudgetHelp);
   model->add_option("--head-quant", ma->head_quant, kHeadQuantHelp)->capture_default_str();
+  model->add_option("--device", ma->device, kDeviceHelp)->capture_default_str();
   model->add_flag("--no-pack", ma->no_pack, "Keep the matrices in the stored layout (LoadOptions::pack_weights off)");
   model->callback([common, ma] {
     apply_common(common->threads, common->isa);

@@ -21,6 +21,7 @@ struct GenerateArgs {
   std::string kv_budget, cold_dir;
   std::string weight_budget = "0";
   std::string head_quant = "auto";
+  std::string device = "cpu";
   bool no_prefix_cache = false, stats = false;
   std::string cache_namespace;
   int repeat = 1;
@@ -41,6 +42,7 @@ void run_generate(GenerateArgs a) {
   else if (!a.prompt_file.empty()) prompt = read_file(a.prompt_file);
   else if (prompt.empty() && a.segments.empty()) fail("no prompt: give -p TEXT, -f FILE or --segment TEXT");
   parse_head_quant(a.head_quant, "--head-quant");  // a bad flag is reported before a missing model
+  const kernels::Device device = parse_device_flag(a.device);
   const std::string dir = resolve_model_dir(a.model, a.quiet);
   EngineOptions eopt;
   eopt.block_size = a.block_size;
@@ -60,6 +62,7 @@ void run_generate(GenerateArgs a) {
   }
   eopt.load.weight_budget = parse_weight_budget(a.weight_budget);
   eopt.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
+  eopt.load.device = device;
   a.chunks.apply(eopt);
   a.spec.apply(eopt);
   auto engine = load_engine(dir, a.quiet, eopt);
@@ -166,6 +169,7 @@ void add_generate(CLI::App& app) {
   c->add_option("--kv-cold-dir", a->cold_dir, "Spill KV blocks beyond --kv-budget to a file in this directory and page them back when needed");
   c->add_option("--weight-budget", a->weight_budget, kWeightBudgetHelp);
   c->add_option("--head-quant", a->head_quant, kHeadQuantHelp)->capture_default_str();
+  c->add_option("--device", a->device, kDeviceHelp)->capture_default_str();
   c->add_flag("--no-prefix-cache", a->no_prefix_cache, "Do not reuse cached K/V of earlier requests");
   c->add_option("--cache-namespace", a->cache_namespace, "Tenant: K/V cached under one namespace is never reused by another");
   c->add_option("--repeat", a->repeat, "Run the same request this many times (later runs hit the prefix cache)")->capture_default_str()->check(CLI::PositiveNumber);

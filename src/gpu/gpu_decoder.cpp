@@ -18,9 +18,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "../kernels/cuda/cuda_kernels.h"
+#include "../model/arch.h"
+#include "../model/awq.h"
 #include "kvboost/gpu.h"
 #include "kvboost/model_files.h"
 
@@ -112,6 +115,34 @@ const TensorInfo& tensor(const WeightFiles& f, const std::string& dir, const std
   if (t->shape != shape) fail(t->file, ": tensor \"", name, "\" does not have the shape the config implies");
   wtype_of(*t);
   return *t;
+}
+
+// An AutoAWQ gemm layer in place of `<base>.weight` (qweight [in, out/8] I32, qzeros
+// [in/group, out/8] I32, scales [in/group, out] F16): repacked at load into Q4_Z128 (group a
+// multiple of 128) or Q4_Z rows, read packed by cuda::gemv_q4 / matmul_q4 (4 bits on the wire
+// when streamed).
+struct AwqTensors {
+  const TensorInfo *qweight = nullptr, *qzeros = nullptr, *scales = nullptr;
+  int64_t group = 0;
+  WType wt = WType::Q4_Z;
+};
+
+std::optional<AwqTensors> awq_of(const WeightFiles& f, const std::string& dir, const std::string& weight_name,
+                                 int64_t rows, int64_t cols) {
+  if (f.find(weight_name) || weight_name.size() < 7) return std::nullopt;
+  const std::string base = weight_name.substr(0, weight_name.size() - 7);  // minus ".weight"
+  AwqTensors a;
+  a.qweight = f.find(base + ".qweight"), a.qzeros = f.find(base + ".qzeros"), a.scales = f.find(base + ".scales");
+  if (!a.qweight) return std::nullopt;
+  if (!a.qzeros || !a.scales) fail(dir, ": AWQ layer \"", base, "\" lacks qzeros or scales");
+  const int64_t in = cols, out = rows;
+  if (a.qweight->dtype != "I32" || a.qweight->shape != std::vector<int64_t>{in, out / 8} || a.qzeros->dtype != "I32" ||
+      a.qzeros->shape.size() != 2 || a.qzeros->shape[0] <= 0 || in % a.qzeros->shape[0] != 0 || a.scales->dtype != "F16")
+    fail(a.qweight->file, ": AWQ layer \"", base, "\" does not have the shapes and types the config implies");
+  a.group = in / a.qzeros->shape[0];
+  if (a.group % 32 != 0 || out % 8 != 0) fail(a.qweight->file, ": AWQ layer \"", base, "\": group ", a.group, ", out ", out);
+  a.wt = a.group % 128 == 0 ? WType::Q4_Z128 : WType::Q4_Z;
+  return a;
 }
 
 constexpr size_t kAlign = 256;
@@ -210,6 +241,7 @@ struct Decoder::Impl {
   DevBuf kcache, vcache;  // [L][max_tokens][nkv] f32
   int64_t n_past = 0;
   DevBuf x, h, q, k, v, att, gate, up, xh, cs, sn, tok, logits;
+  DevBuf wq;  // AWQ prefill: one matrix dequantized to bf16 (cuda::matmul_q4), when a layer holds 4-bit weights
   HostBuf stage;  // tokens + cos + sin of one pass
   DecoderStats stats;
 
@@ -254,7 +286,9 @@ struct Decoder::Impl {
     const float eps = float(c.rms_norm_eps), scale = 1.0f / std::sqrt(float(hd));
     cudaStream_t s = compute;
     auto mm = [&](const float* in, int id, const float* bias, float* out, int64_t N, int64_t K) {
-      cuda::matmul(blas, in, w.m[id], lay.piece[id].wt, bias, out, n, N, K, xh.p, s);
+      const WType wt = lay.piece[id].wt;
+      if (wt == WType::Q4_Z || wt == WType::Q4_Z128) cuda::matmul_q4(blas, in, w.m[id], wt, bias, out, n, N, K, wq.p, xh.p, s);
+      else cuda::matmul(blas, in, w.m[id], wt, bias, out, n, N, K, xh.p, s);
     };
     cuda::rms_norm(x.as<float>(), w.v[kAttnNorm - 7], h.as<float>(), n, H, eps, s);
     mm(h.as<float>(), kWq, w.v[kQBias - 7], q.as<float>(), nq, H);
@@ -334,72 +368,93 @@ struct Decoder::Impl {
 
 namespace {
 
-// Packs layer l into `dst` (layout.bytes bytes) from the files.
-void pack_layer(const WeightFiles& f, const std::string& dir, const ModelConfig& c, int64_t l, const LayerLayout& lay,
-                uint8_t* dst) {
+// Layer tensors come from the architecture's table (src/model/arch/*.cpp: the same names and
+// conditions the CPU loader binds), not from names of our own.
+struct LayerEntry {
+  int id;                // PieceId
+  std::string name;      // model.layers.<l>.<hf name>
+  int64_t rows, cols;    // cols 0: a vector of `rows` elements
+};
+
+std::vector<LayerEntry> layer_entries(const ModelConfig& c, int64_t l) {
+  using arch::Role;
+  const arch::Arch* a = arch::find(c.model_type);
+  if (!a) fail("GPU decoder: model_type \"", c.model_type, "\" has no architecture");
   const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
   const int64_t nq = c.n_heads * hd, nkv = c.n_kv_heads * hd;
   const std::string p = "model.layers." + std::to_string(l) + ".";
-  struct M {
-    int id;
-    const char* name;
-    int64_t rows, cols;
-  };
-  const M mats[] = {{kWq, "self_attn.q_proj.weight", nq, H},  {kWk, "self_attn.k_proj.weight", nkv, H},
-                    {kWv, "self_attn.v_proj.weight", nkv, H}, {kWo, "self_attn.o_proj.weight", H, nq},
-                    {kGate, "mlp.gate_proj.weight", I, H},    {kUp, "mlp.up_proj.weight", I, H},
-                    {kDown, "mlp.down_proj.weight", H, I}};
-  for (const M& m : mats) {
-    const TensorInfo& t = tensor(f, dir, p + m.name, {m.rows, m.cols});
-    std::memcpy(dst + lay.piece[m.id].off, t.data, t.nbytes);
+  std::vector<LayerEntry> out;
+  for (const arch::LayerTensor& t : a->tensors) {
+    if (t.when == arch::When::AttentionBias && !c.attention_bias) continue;
+    const std::string name = p + t.hf;
+    switch (t.role) {
+      case Role::Wq: out.push_back({kWq, name, nq, H}); break;
+      case Role::Wk: out.push_back({kWk, name, nkv, H}); break;
+      case Role::Wv: out.push_back({kWv, name, nkv, H}); break;
+      case Role::Wo: out.push_back({kWo, name, H, nq}); break;
+      case Role::Gate: out.push_back({kGate, name, I, H}); break;
+      case Role::Up: out.push_back({kUp, name, I, H}); break;
+      case Role::Down: out.push_back({kDown, name, H, I}); break;
+      case Role::AttnNorm: out.push_back({kAttnNorm, name, H, 0}); break;
+      case Role::MlpNorm: out.push_back({kMlpNorm, name, H, 0}); break;
+      case Role::QNorm: out.push_back({kQNorm, name, hd, 0}); break;
+      case Role::KNorm: out.push_back({kKNorm, name, hd, 0}); break;
+      case Role::QBias: out.push_back({kQBias, name, nq, 0}); break;
+      case Role::KBias: out.push_back({kKBias, name, nkv, 0}); break;
+      case Role::VBias: out.push_back({kVBias, name, nkv, 0}); break;
+      case Role::OBias: out.push_back({kOBias, name, H, 0}); break;
+      case Role::PostAttnNorm:
+      case Role::PostMlpNorm:
+        fail("GPU decoder: model_type ", c.model_type, " has sandwich norms (", t.hf, "), not supported on the GPU yet");
+    }
   }
-  struct V {
-    int id;
-    const char* name;
-    int64_t n;
-  };
-  const V vecs[] = {{kAttnNorm, "input_layernorm.weight", H}, {kMlpNorm, "post_attention_layernorm.weight", H},
-                    {kQNorm, "self_attn.q_norm.weight", hd},  {kKNorm, "self_attn.k_norm.weight", hd},
-                    {kQBias, "self_attn.q_proj.bias", nq},    {kKBias, "self_attn.k_proj.bias", nkv},
-                    {kVBias, "self_attn.v_proj.bias", nkv},   {kOBias, "self_attn.o_proj.bias", H}};
-  for (const V& v : vecs) {
-    if (!lay.piece[v.id].present) continue;
-    const TensorInfo& t = tensor(f, dir, p + v.name, {v.n});
-    kernels::to_f32(t.data, wtype_of(t), reinterpret_cast<float*>(dst + lay.piece[v.id].off), v.n);
+  return out;
+}
+
+// Packs layer l into `dst` (layout.bytes bytes) from the files.
+void pack_layer(const WeightFiles& f, const std::string& dir, const ModelConfig& c, int64_t l, const LayerLayout& lay,
+                uint8_t* dst) {
+  for (const LayerEntry& e : layer_entries(c, l)) {
+    if (e.cols > 0) {
+      if (const auto a = awq_of(f, dir, e.name, e.rows, e.cols)) {
+        std::vector<uint8_t> q4z(size_t(e.rows * (e.cols / 32) * 20));
+        awq::repack_q4z(static_cast<const int32_t*>(a->qweight->data), static_cast<const int32_t*>(a->qzeros->data),
+                        static_cast<const uint16_t*>(a->scales->data), e.cols, e.rows, a->group, q4z.data());
+        if (a->wt == WType::Q4_Z128) awq::q4z_to_q4z128(q4z.data(), e.rows, e.cols, dst + lay.piece[e.id].off);
+        else std::memcpy(dst + lay.piece[e.id].off, q4z.data(), q4z.size());
+        continue;
+      }
+      const TensorInfo& t = tensor(f, dir, e.name, {e.rows, e.cols});
+      std::memcpy(dst + lay.piece[e.id].off, t.data, t.nbytes);
+    } else {
+      const TensorInfo& t = tensor(f, dir, e.name, {e.rows});
+      kernels::to_f32(t.data, wtype_of(t), reinterpret_cast<float*>(dst + lay.piece[e.id].off), e.rows);
+    }
   }
 }
 
 LayerLayout layout_of(const WeightFiles& f, const std::string& dir, const ModelConfig& c, int64_t l) {
-  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
-  const int64_t nq = c.n_heads * hd, nkv = c.n_kv_heads * hd;
-  const std::string p = "model.layers." + std::to_string(l) + ".";
   LayerLayout lay;
   size_t off = 0;
-  auto mat = [&](int id, const char* name, int64_t rows, int64_t cols) {
-    const TensorInfo& t = tensor(f, dir, p + name, {rows, cols});
-    lay.piece[id] = Piece{off, wtype_of(t), true};
+  const std::vector<LayerEntry> entries = layer_entries(c, l);
+  for (const LayerEntry& e : entries) {  // matrices first, then the f32 vectors
+    if (e.cols == 0) continue;
+    if (const auto a = awq_of(f, dir, e.name, e.rows, e.cols)) {
+      lay.piece[e.id] = Piece{off, a->wt, true};
+      off = align_up(off + size_t(e.rows) * size_t(kernels::wtype_row_bytes(a->wt, e.cols)));
+      continue;
+    }
+    const TensorInfo& t = tensor(f, dir, e.name, {e.rows, e.cols});
+    lay.piece[e.id] = Piece{off, wtype_of(t), true};
     off = align_up(off + t.nbytes);
-  };
-  auto vec = [&](int id, int64_t n, bool present) {
-    if (!present) return;
-    lay.piece[id] = Piece{off, WType::F32, true};
-    off = align_up(off + size_t(n) * 4);
-  };
-  mat(kWq, "self_attn.q_proj.weight", nq, H);
-  mat(kWk, "self_attn.k_proj.weight", nkv, H);
-  mat(kWv, "self_attn.v_proj.weight", nkv, H);
-  mat(kWo, "self_attn.o_proj.weight", H, nq);
-  mat(kGate, "mlp.gate_proj.weight", I, H);
-  mat(kUp, "mlp.up_proj.weight", I, H);
-  mat(kDown, "mlp.down_proj.weight", H, I);
-  vec(kAttnNorm, H, true);
-  vec(kMlpNorm, H, true);
-  vec(kQNorm, hd, c.qk_norm);
-  vec(kKNorm, hd, c.qk_norm);
-  vec(kQBias, nq, c.attention_bias);
-  vec(kKBias, nkv, c.attention_bias);
-  vec(kVBias, nkv, c.attention_bias);
-  vec(kOBias, H, c.attention_bias && c.model_type != "qwen2");  // as src/model/arch/qwen2.cpp
+  }
+  for (const LayerEntry& e : entries) {
+    if (e.cols != 0) continue;
+    lay.piece[e.id] = Piece{off, WType::F32, true};
+    off = align_up(off + size_t(e.rows) * 4);
+  }
+  for (int id : {kWq, kWk, kWv, kWo, kGate, kUp, kDown, kAttnNorm, kMlpNorm})
+    if (!lay.piece[id].present) fail("GPU decoder: model_type ", c.model_type, "'s tensor table lacks a tensor the layer needs");
   lay.bytes = off;
   lay.window = c.layer_window.empty() ? 0 : c.layer_window[size_t(l)];
   return lay;
@@ -511,6 +566,10 @@ std::unique_ptr<Decoder> Decoder::create(const Model& model, const DecoderOption
   m->xh = DevBuf(size_t(B * std::max({m->H, m->I, m->nq})) * 2);
   m->cs = DevBuf(size_t(B * m->hd / 2) * 4), m->sn = DevBuf(size_t(B * m->hd / 2) * 4);
   m->tok = DevBuf(size_t(B) * 4);
+  bool q4 = false;
+  for (const auto& lay : m->layouts)
+    for (const Piece& pc : lay.piece) q4 = q4 || (pc.present && (pc.wt == WType::Q4_Z || pc.wt == WType::Q4_Z128));
+  if (q4 && B > cuda::kGemvMaxM) m->wq = DevBuf(size_t(std::max({m->nq * m->H, m->nkv * m->H, m->I * m->H})) * 2);
   m->stage = HostBuf(align_up(size_t(B) * 4) + size_t(B * m->hd) * 4);
   return std::unique_ptr<Decoder>(new Decoder(std::move(m)));
 }

@@ -182,6 +182,10 @@ size_t Model::decode_weight_bytes() const {
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& opt) {
+  kernels::require_device(opt.device, "device");
+  if (!opt.device.is_cpu())  // docs/gpu.md: the CUDA runner under the engine is not built yet
+    fail("device ", opt.device.name(), ": the engine's forward pass runs on the CPU only in this version; "
+         "the CUDA path is the GPU decoder (kvboost/gpu.h, bench/gpu_stream_bench) -- see docs/gpu.md");
   std::unique_ptr<Model> model(new Model());
   model->impl_ = std::make_unique<detail::ModelImpl>();
   detail::ModelImpl& m = *model->impl_;

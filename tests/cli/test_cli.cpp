@@ -127,6 +127,29 @@ TEST(Cli, HeadQuantOption) {
   EXPECT_EQ(r.out.rfind("Once upon a time, there was a little girl named Lily.", 0), 0u) << r.out;
 }
 
+// --device on generate, serve and bench model (issue 29): cpu is the default and runs; a bad
+// value names itself before the model is looked at; CUDA says why it cannot run here.
+TEST(Cli, DeviceOption) {
+  Proc r = run("generate --model /nonexistent -p hi --device gpu0");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--device: \"gpu0\" is not a device (cpu, cuda, cuda:N"), std::string::npos) << r.err;
+  for (const char* cmd : {"generate --model /nonexistent -p hi", "serve --model /nonexistent",
+                          "bench model --model /nonexistent"}) {
+    r = run(std::string(cmd) + " --device cuda:1");
+    EXPECT_EQ(r.rc, 1) << cmd;
+    EXPECT_NE(r.err.find("device cuda:1: "), std::string::npos) << cmd << ": " << r.err;
+    EXPECT_EQ(r.err.find("/nonexistent"), std::string::npos) << cmd << ": " << r.err;
+    const bool why = r.err.find("built without CUDA (-DKVBOOST_CUDA=ON)") != std::string::npos ||
+                     r.err.find("CUDA sees") != std::string::npos || r.err.find("no CUDA device") != std::string::npos ||
+                     r.err.find("CPU only") != std::string::npos;  // two or more devices
+    EXPECT_TRUE(why) << cmd << ": " << r.err;
+  }
+  KVBOOST_REQUIRE_PATH(stories());
+  r = run("generate --model " + stories() + " -p 'Once upon a time' -n 20 --device cpu");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("Once upon a time, there was a little girl named Lily.", 0), 0u) << r.out;
+}
+
 TEST(Cli, DemoModelWorksOffline) {
   const std::string dir = kvboost::test::make_temp_dir("cli_demo");
   setenv("KVBOOST_DEMO_MODEL", (dir + "/demo").c_str(), 1);

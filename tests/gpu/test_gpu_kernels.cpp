@@ -199,3 +199,191 @@ TEST(CudaKernels, AttentionMatchesRef) {
     expect_close(dout.get(q.size()), want, 2e-5, "attention");
   }
 }
+
+// ---- paged attention (attention.cu) and 4-bit weights (quant.cu), issue 29 ----
+
+namespace {
+
+// Pools [n_blocks][bs][n_kv][hd] in kv_type (bytes) plus their f32 image (the values as stored:
+// the CPU reference sees exactly what the device reads).
+struct Pools {
+  std::vector<uint8_t> k, v;
+  std::vector<float> kf, vf;
+  std::vector<int32_t> table;
+};
+
+Pools make_pools(WType kt, int64_t n_tokens, int64_t bs, int64_t nkv, int64_t hd, uint32_t seed) {
+  const int64_t n_blocks = (n_tokens + bs - 1) / bs + 3;  // spare blocks: the table is a permutation
+  const size_t n = size_t(n_blocks * bs * nkv * hd);
+  Pools p;
+  p.kf = randv(n, seed), p.vf = randv(n, seed + 1);
+  const size_t es = kt == WType::F32 ? 4 : 2;
+  p.k.resize(n * es), p.v.resize(n * es);
+  for (size_t i = 0; i < n; ++i) {
+    for (auto [src, dst] : {std::pair{&p.kf, &p.k}, std::pair{&p.vf, &p.v}}) {
+      float& x = (*src)[i];
+      if (kt == WType::F32) {
+        std::memcpy(dst->data() + i * 4, &x, 4);
+      } else {
+        const uint16_t h = kt == WType::BF16 ? to_bf16(x) : to_f16(x);
+        std::memcpy(dst->data() + i * 2, &h, 2);
+        x = kt == WType::BF16 ? kvboost::bf16_to_f32(h) : kvboost::f16_to_f32(h);
+      }
+    }
+  }
+  for (int64_t b = 0; b < (n_tokens + bs - 1) / bs; ++b) p.table.push_back(int32_t((b * 7 + 2) % n_blocks));
+  std::vector<bool> used(static_cast<size_t>(n_blocks), false);
+  for (int32_t b : p.table) {
+    EXPECT_FALSE(used[size_t(b)]);
+    used[size_t(b)] = true;
+  }
+  return p;
+}
+
+struct AttnCase {
+  WType kt;
+  int64_t hd, nh, nkv, n_q, q_pos0, window, bs;
+};
+
+std::vector<float> attn_ref(const AttnCase& c, const Pools& p, const std::vector<float>& q, int64_t n_kv_tokens) {
+  std::vector<float> out(static_cast<size_t>(c.n_q * c.nh * c.hd));
+  kernels::paged_attention_ref(q.data(), p.kf.data(), p.vf.data(), p.table.data(), out.data(), c.n_q, c.q_pos0,
+                               n_kv_tokens, c.bs, c.nh, c.nkv, c.hd, c.window, 1.0f / std::sqrt(float(c.hd)));
+  return out;
+}
+
+std::vector<AttnCase> attn_cases(int64_t n_q, int64_t q_pos0) {
+  std::vector<AttnCase> v;
+  for (WType kt : {WType::F32, WType::F16, WType::BF16})
+    for (int64_t hd : {64, 96, 128, 256})
+      for (int64_t window : {int64_t(0), int64_t(37)}) v.push_back({kt, hd, 8, 2, n_q, q_pos0, window, 16});
+  v.push_back({WType::BF16, 128, 4, 4, n_q, q_pos0, 0, 32});  // MHA, larger blocks
+  return v;
+}
+
+}  // namespace
+
+// Prefill over paged K/V (causal, GQA 8/2, sliding window, f32/f16/bf16 K/V, head dims 64..256)
+// against the scalar reference; 70 queries after 25 cached tokens (several 16-query CTAs, a
+// partial last one, and key tiles that start before the window).
+TEST(CudaKernels, FlashAttentionPagedMatchesReference) {
+  REQUIRE_DEVICE();
+  for (const AttnCase& c : attn_cases(70, 25)) {
+    const int64_t n_kv = c.q_pos0 + c.n_q;
+    const Pools p = make_pools(c.kt, n_kv, c.bs, c.nkv, c.hd, 11);
+    const auto q = randv(size_t(c.n_q * c.nh * c.hd), 12);
+    const auto want = attn_ref(c, p, q, n_kv);
+    Dev dq(q), dk(p.k), dv(p.v), dt(p.table), dout(want.size() * 4);
+    cuda::flash_attention_paged(dq.f(), dk.p, dv.p, c.kt, static_cast<const int32_t*>(dt.p), dout.f(), c.n_q, c.q_pos0,
+                                n_kv, c.bs, c.nh, c.nkv, c.hd, c.window, 1.0f / std::sqrt(float(c.hd)), nullptr);
+    const std::string what = std::string("flash ") + kernels::wtype_name(c.kt) + " hd " + std::to_string(c.hd) +
+                             " window " + std::to_string(c.window);
+    expect_close(dout.get(want.size()), want, 2e-5, what.c_str());
+  }
+}
+
+// Split-K decode: 1 and 3 queries at the end of a 1000-token context, 1, 4 and automatic splits.
+TEST(CudaKernels, DecodeAttentionSplitKMatchesReference) {
+  REQUIRE_DEVICE();
+  for (int64_t n_q : {1, 3})
+    for (const AttnCase& c : attn_cases(n_q, 1000 - n_q))
+      for (int64_t splits : {1, 4, 0}) {
+        const int64_t n_kv = 1000;
+        const Pools p = make_pools(c.kt, n_kv, c.bs, c.nkv, c.hd, 21);
+        const auto q = randv(size_t(c.n_q * c.nh * c.hd), 22);
+        const auto want = attn_ref(c, p, q, n_kv);
+        const int64_t sp = cuda::decode_splits(c.n_q, c.nh, n_kv, splits);
+        Dev dq(q), dk(p.k), dv(p.v), dt(p.table), dout(want.size() * 4);
+        Dev ws(size_t(cuda::decode_workspace_floats(c.n_q, c.nh, c.hd, sp)) * 4);
+        cuda::decode_attention_paged(dq.f(), dk.p, dv.p, c.kt, static_cast<const int32_t*>(dt.p), dout.f(), c.n_q,
+                                     c.q_pos0, n_kv, c.bs, c.nh, c.nkv, c.hd, c.window, 1.0f / std::sqrt(float(c.hd)),
+                                     sp, ws.f(), nullptr);
+        const std::string what = std::string("decode ") + kernels::wtype_name(c.kt) + " hd " + std::to_string(c.hd) +
+                                 " splits " + std::to_string(sp);
+        expect_close(dout.get(want.size()), want, 2e-5, what.c_str());
+      }
+}
+
+TEST(CudaKernels, AttentionRejectsBadShapes) {
+  REQUIRE_DEVICE();
+  auto err = [](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(err([] { cuda::flash_attention_paged(nullptr, nullptr, nullptr, WType::F32, nullptr, nullptr, 1, 0, 1, 16, 8, 2, 80, 0, 1, nullptr); })
+                .find("head_dim 80"),
+            std::string::npos);
+  EXPECT_NE(err([] { cuda::decode_attention_paged(nullptr, nullptr, nullptr, WType::Q8_0, nullptr, nullptr, 1, 0, 1, 16, 8, 2, 64, 0, 1, 1, nullptr, nullptr); })
+                .find("K/V type Q8_0"),
+            std::string::npos);
+}
+
+namespace {
+// Random Q4_Z / Q4_Z128 blocks (d, z, nibbles), row-major [N, K].
+std::vector<uint8_t> random_q4(WType wt, int64_t N, int64_t K, uint32_t seed) {
+  const int64_t be = wt == WType::Q4_Z ? 32 : 128, bb = wt == WType::Q4_Z ? 20 : 68;
+  std::vector<uint8_t> w(static_cast<size_t>(N * (K / be) * bb));
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> dd(0.002f, 0.03f);
+  for (size_t b = 0; b < w.size(); b += size_t(bb)) {
+    const uint16_t d = to_f16(dd(g));
+    std::memcpy(&w[b], &d, 2);
+    w[b + 2] = uint8_t(g() % 16);
+    w[b + 3] = 0;
+    for (int64_t i = 4; i < bb; ++i) w[b + size_t(i)] = uint8_t(g() & 0xff);
+  }
+  return w;
+}
+}  // namespace
+
+// Decode GEMV on packed 4-bit rows (M = 1..8) against matmul_ref on the same blocks, with bias,
+// at a fixture shape and at Qwen2.5-0.5B's gate/down shapes.
+TEST(CudaKernels, GemvQ4MatchesReference) {
+  REQUIRE_DEVICE();
+  struct S { int64_t N, K; };
+  for (WType wt : {WType::Q4_Z, WType::Q4_Z128})
+    for (S sh : {S{96, 256}, S{4864, 896}, S{896, 4864}})
+      for (int64_t M : {1, 3, 8}) {
+        if (sh.K % (wt == WType::Q4_Z ? 32 : 128)) continue;
+        const auto w = random_q4(wt, sh.N, sh.K, 5);
+        const auto x = randv(size_t(M * sh.K), 6), b = randv(size_t(sh.N), 7);
+        std::vector<float> want(static_cast<size_t>(M * sh.N));
+        kernels::matmul_ref(x.data(), w.data(), wt, b.data(), want.data(), M, sh.N, sh.K);
+        Dev dx(x), dw(w), db(b), dy(want.size() * 4);
+        cuda::gemv_q4(dx.f(), dw.p, wt, db.f(), dy.f(), M, sh.N, sh.K, nullptr);
+        expect_close(dy.get(want.size()), want, 1e-4, kernels::wtype_name(wt));
+      }
+}
+
+// Dequantization to bf16 (each element d * (q - z) rounded once) and the prefill path
+// (dequant + cuBLAS bf16 GEMM, M = 64) against the reference.
+TEST(CudaKernels, DequantQ4AndPrefillMatmulMatchReference) {
+  REQUIRE_DEVICE();
+  const int64_t N = 384, K = 512, M = 64;
+  for (WType wt : {WType::Q4_Z, WType::Q4_Z128}) {
+    const auto w = random_q4(wt, N, K, 9);
+    std::vector<float> wf(static_cast<size_t>(N * K));
+    const size_t row = size_t(kernels::wtype_row_bytes(wt, K));
+    for (int64_t n = 0; n < N; ++n) kernels::to_f32(w.data() + size_t(n) * row, wt, &wf[size_t(n * K)], K);
+    Dev dw(w), dout(size_t(N * K) * 2);
+    cuda::dequant_q4(dw.p, wt, dout.p, WType::BF16, N, K, nullptr);
+    std::vector<uint16_t> got(static_cast<size_t>(N * K));
+    cuda::check(cudaMemcpy(got.data(), dout.p, got.size() * 2, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    for (size_t i = 0; i < got.size(); ++i)  // one bf16 rounding of the reference's value (8 bits of mantissa)
+      ASSERT_LE(std::fabs(kvboost::bf16_to_f32(got[i]) - wf[i]), std::fabs(wf[i]) * (1.0f / 256) + 1e-12f)
+          << kernels::wtype_name(wt) << " element " << i;
+    const auto x = randv(size_t(M * K), 10);
+    std::vector<float> want(static_cast<size_t>(M * N));
+    kernels::matmul_ref(x.data(), w.data(), wt, nullptr, want.data(), M, N, K);
+    cublasHandle_t h;
+    cuda::check(cublasCreate(&h), "cublasCreate");
+    Dev dx(x), dy(want.size() * 4), scratch(size_t(N * K) * 2), xh(size_t(M * K) * 2);
+    cuda::matmul_q4(h, dx.f(), dw.p, wt, nullptr, dy.f(), M, N, K, scratch.p, xh.p, nullptr);
+    expect_close(dy.get(want.size()), want, 2e-2, "matmul_q4 (bf16 activations)");
+    cublasDestroy(h);
+  }
+}

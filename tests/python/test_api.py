@@ -229,3 +229,19 @@ def test_kv_cache_bits_and_chunk_store_dir(tiny_dir, tmp_path):
     assert any(p.is_file() for p in (tmp_path / "store").rglob("*"))
     assert "KVBoost(" in repr(e)
     json.dumps(e.cache_stats())  # plain data
+
+
+def test_device_option(tiny_dir):
+    """device="cpu" is the default and loads; a bad value names itself; CUDA without a CUDA build
+    (or without a device) is an EngineError naming the device (docs/gpu.md)."""
+    e = kvboost.KVBoost.from_pretrained(tiny_dir, recompute_strategy="prefix", device="cpu")
+    assert len(greedy(e, PROMPT, 4, ignore_eos=True).token_ids) == 4
+    with pytest.raises(kvboost.InvalidRequestError, match='"cuda:x" is not a device'):
+        kvboost.KVBoost.from_pretrained(tiny_dir, device="cuda:x")
+    with pytest.raises(kvboost.InvalidRequestError, match='"gpu" is not a device'):
+        kvboost.KVBoost.from_pretrained(tiny_dir, device="gpu")
+    with pytest.raises(kvboost.EngineError, match="cuda:1") as ei:
+        kvboost.KVBoost.from_pretrained(tiny_dir, device="cuda:1")
+    msg = str(ei.value)
+    assert ("built without CUDA (-DKVBOOST_CUDA=ON)" in msg or "CUDA sees" in msg
+            or "no CUDA device" in msg or "CPU only" in msg), msg

@@ -62,4 +62,48 @@ void attention(const float* q, const float* k, const float* v, float* out, int64
                float scale, cudaStream_t s);
 int64_t attention_max_tokens(int64_t head_dim);
 
+
+// ---- paged attention (attention.cu) ----
+// Pools as kernels::paged_attention: [n_blocks][block_size][n_kv_heads][head_dim] of kv_type
+// (F32, F16 or BF16; f32 math), block_table [ceil(n_kv_tokens / block_size)] on the device;
+// q [n_q, n_heads, head_dim] f32 at positions q_pos0 .. q_pos0 + n_q - 1; out the same shape.
+// Causal, optional sliding window (window > 0: keys with pos - key < window), GQA
+// (n_heads % n_kv_heads == 0), head_dim a multiple of 32 in 32..256; a query that sees no key
+// gets 0. CPU reference: kernels::paged_attention_ref on the pools converted to f32.
+//
+// FlashAttention-2 (Dao 2023) schedule without tensor cores: a CTA of 4 warps takes 16 queries
+// of one head; key/value tiles of 32 (head_dim <= 128) or 16 keys go through shared memory; each
+// warp keeps 4 queries' running max, sum and output (lane d owns dims d, d + 32, ...) and
+// rescales them per tile (online softmax): O(tile) memory, never the score matrix. Tiles past
+// the last query's position or before the first one's window are skipped.
+void flash_attention_paged(const float* q, const void* k_pool, const void* v_pool, WType kv_type,
+                           const int32_t* block_table, float* out, int64_t n_q, int64_t q_pos0, int64_t n_kv_tokens,
+                           int64_t block_size, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t window,
+                           float scale, cudaStream_t s);
+// Split-K decode attention (FlashDecoding): the keys of each (query, head) are cut into
+// n_splits ranges, one CTA each writes a normalized partial output and its log-sum-exp into
+// `workspace`, and a second kernel merges them by log-sum-exp weights. n_splits 0 = automatic
+// (about 2 CTAs per SM over n_q * n_heads, ranges of at least 256 keys). workspace: at least
+// decode_workspace_floats(n_q, n_heads, head_dim, n_splits) floats on the device.
+void decode_attention_paged(const float* q, const void* k_pool, const void* v_pool, WType kv_type,
+                            const int32_t* block_table, float* out, int64_t n_q, int64_t q_pos0, int64_t n_kv_tokens,
+                            int64_t block_size, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t window,
+                            float scale, int64_t n_splits, float* workspace, cudaStream_t s);
+int64_t decode_splits(int64_t n_q, int64_t n_heads, int64_t n_kv_tokens, int64_t n_splits);  // the count used
+int64_t decode_workspace_floats(int64_t n_q, int64_t n_heads, int64_t head_dim, int64_t n_splits);
+
+// ---- 4-bit weights (quant.cu): AWQ's groups as converted at load (Q4_Z, Q4_Z128) ----
+// y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]); x [M, K] f32, w [N, K] in Q4_Z (20 bytes / 32)
+// or Q4_Z128 (68 bytes / 128), M <= kGemvMaxM: one warp per output row reads the packed row once
+// (4 bits + header on the wire, the decode path). CPU reference: kernels::matmul_ref.
+void gemv_q4(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+             cudaStream_t s);
+// w [N, K] Q4_Z / Q4_Z128 -> out [N, K] BF16 (or F16 when out_type says so): x = d * (q - z),
+// rounded once. CPU reference: kernels::to_f32 row by row.
+void dequant_q4(const void* w, WType wt, void* out, WType out_type, int64_t N, int64_t K, cudaStream_t s);
+// Any M: gemv_q4 when M <= kGemvMaxM, else dequant_q4 into `w_scratch` (N * K BF16) and
+// matmul (cuBLAS GemmEx, bf16 inputs, f32 accumulation) with x rounded into xh.
+void matmul_q4(cublasHandle_t h, const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
+               int64_t N, int64_t K, void* w_scratch, void* xh, cudaStream_t s);
+
 }  // namespace kvboost::cuda

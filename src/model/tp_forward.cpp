@@ -1,0 +1,147 @@
+// Tensor-parallel forward on the shared blocks (kvboost/model.h TpShard; Megatron-LM's split:
+// Shoeybi et al. 2019, section 3). Per layer, each rank runs the Llama-family layer of blocks.h
+// on its shard — its heads' Q/K/V rows and Wo columns, its slice of gate/up rows and down
+// columns — and the two row-parallel projections (O, down) produce partial sums that
+// comm.all_reduce_sum completes before they join the residual stream. Every other step (norms,
+// residual adds, the head) is replicated, so all ranks keep identical activations.
+#include <cstring>
+
+#include "blocks.h"
+#include "kvboost/dist.h"
+
+namespace kvboost {
+
+namespace {
+
+// Rows [r0, r1) of a row-major matrix: a view into the model's bytes.
+Weight row_slice(const Weight& w, int64_t r0, int64_t r1) {
+  Weight s = w;
+  s.data = static_cast<const uint8_t*>(w.data) + size_t(r0) * size_t(kernels::wtype_row_bytes(w.type, w.cols));
+  s.rows = r1 - r0;
+  return s;
+}
+
+// Columns [c0, c1) of every row, copied into `store`.
+Weight col_slice(const Weight& w, int64_t c0, int64_t c1, std::vector<uint8_t>& store, const char* name, int64_t l) {
+  const int64_t blk = kernels::wtype_block_elems(w.type);
+  if (c0 % blk != 0 || c1 % blk != 0)
+    fail("tensor parallel: layer ", l, " ", name, " (", kernels::wtype_name(w.type), ", blocks of ", blk,
+         " columns) cannot be split at columns ", c0, "..", c1, ": use a world size that keeps the split at block boundaries");
+  const size_t row = size_t(kernels::wtype_row_bytes(w.type, w.cols));
+  const size_t off = size_t(kernels::wtype_row_bytes(w.type, c0)), len = size_t(kernels::wtype_row_bytes(w.type, c1 - c0));
+  store.resize(size_t(w.rows) * len);
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  for (int64_t r = 0; r < w.rows; ++r) std::memcpy(&store[size_t(r) * len], src + size_t(r) * row + off, len);
+  Weight s = w;
+  s.data = store.data();
+  s.cols = c1 - c0;
+  return s;
+}
+
+std::vector<float> vec_slice(const std::vector<float>& v, int64_t a, int64_t b) {
+  if (v.empty()) return {};
+  return std::vector<float>(v.begin() + a, v.begin() + b);
+}
+
+}  // namespace
+
+TpShard::~TpShard() = default;
+
+std::unique_ptr<TpShard> TpShard::create(const Model& m, int rank, int world) {
+  const ModelConfig& c = m.config();
+  const detail::ModelImpl& mi = *m.impl_;
+  const std::string mt = c.model_type;
+  if (world < 1 || rank < 0 || rank >= world) fail("tensor parallel: rank ", rank, " of world ", world);
+  if (mt != "llama" && mt != "mistral" && mt != "qwen2" && mt != "qwen3")
+    fail("tensor parallel: model_type \"", mt, "\" is not supported (llama, mistral, qwen2, qwen3)");
+  if (c.n_heads % world != 0 || c.n_kv_heads % world != 0)
+    fail("tensor parallel: ", c.n_heads, " attention heads and ", c.n_kv_heads, " K/V heads do not split over ", world,
+         " ranks (both must be multiples of the world size)");
+  if (c.intermediate_size < world)
+    fail("tensor parallel: intermediate_size ", c.intermediate_size, " is smaller than the world size ", world);
+  if (mi.stream) fail("tensor parallel: the model is layer-streamed (LoadOptions::weight_budget); load it resident");
+  std::unique_ptr<TpShard> t(new TpShard());
+  t->model_ = &m;
+  t->rank_ = rank;
+  t->world_ = world;
+  t->cfg_ = c;
+  const int64_t hd = c.head_dim, nh = c.n_heads / world, nkv = c.n_kv_heads / world;
+  const int64_t i0 = c.intermediate_size * rank / world, i1 = c.intermediate_size * (rank + 1) / world;
+  t->cfg_.n_heads = nh;
+  t->cfg_.n_kv_heads = nkv;
+  t->cfg_.intermediate_size = i1 - i0;
+  const int64_t q0 = rank * nh * hd, q1 = q0 + nh * hd, k0 = rank * nkv * hd, k1 = k0 + nkv * hd;
+  t->store_.resize(size_t(2 * c.n_layers));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const detail::LayerWeights& L = mi.layers[size_t(l)];
+    for (const Weight* w : detail::layer_mats(L))
+      if (w->packed)
+        fail("tensor parallel: layer ", l, " holds packed matrices; load the model with LoadOptions::pack_weights = false");
+    detail::LayerWeights S;
+    S.attn_norm = L.attn_norm, S.mlp_norm = L.mlp_norm, S.q_norm = L.q_norm, S.k_norm = L.k_norm;
+    S.window = L.window;
+    S.q_bias = vec_slice(L.q_bias, q0, q1);
+    S.k_bias = vec_slice(L.k_bias, k0, k1);
+    S.v_bias = vec_slice(L.v_bias, k0, k1);
+    if (rank == 0) S.o_bias = L.o_bias;  // added once: the all-reduce sums every rank's output
+    S.wq = row_slice(L.wq, q0, q1);
+    S.wk = row_slice(L.wk, k0, k1);
+    S.wv = row_slice(L.wv, k0, k1);
+    S.wo = col_slice(L.wo, q0, q1, t->store_[size_t(2 * l)], "o_proj", l);
+    S.w_gate = row_slice(L.w_gate, i0, i1);
+    S.w_up = row_slice(L.w_up, i0, i1);
+    S.w_down = col_slice(L.w_down, i0, i1, t->store_[size_t(2 * l + 1)], "down_proj", l);
+    t->layers_.push_back(std::move(S));
+  }
+  return t;
+}
+
+void TpShard::forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logits, bool all_logits,
+                      dist::Comm& comm) const {
+  if (comm.world() != world_ || comm.rank() != rank_)
+    fail("tensor parallel: shard ", rank_, "/", world_, " run with communicator rank ", comm.rank(), "/", comm.world());
+  if (n <= 0) fail("forward: no tokens");
+  if (kv.size() + n > kv.capacity())
+    fail("forward: ", kv.size() + n, " tokens exceed the KV cache capacity of ", kv.capacity());
+  const ModelConfig& full = model_->config();
+  const detail::ModelImpl& mi = *model_->impl_;
+  const int64_t H = full.hidden_size;
+  blocks::check_tokens(full, tokens, n);
+  blocks::Rows rows;
+  for (int64_t i = 0; i < n; ++i) rows.add(0, kv.size() + i);
+  SeqBatch s;
+  s.tokens = tokens;
+  s.n = n;
+  s.kv = kv.view();
+  blocks::Work w;
+  w.resize(cfg_, n, false);
+  blocks::embed(mi, full, tokens, n, w.x.data());
+  blocks::rope_tables(mi.inv_freq, mi.inv_freq_local, rows, w);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    const detail::LayerWeights& L = layers_[size_t(l)];
+    blocks::LayerPass p{cfg_, l, L, L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down, &s, rows, w, nullptr, false,
+                        n, float(cfg_.rms_norm_eps)};
+    // The Llama-family layer (arch/llama.cpp, arch/qwen3.cpp) with the two all-reduces.
+    blocks::input_norm(p);
+    blocks::qkv_projection(p);
+    if (cfg_.qk_norm) blocks::qk_norm(p);
+    blocks::rope(p, /*local=*/false);
+    blocks::write_kv(p);
+    blocks::attention(p);
+    blocks::output_projection(p);
+    comm.all_reduce_sum(w.h.data(), n * H);
+    blocks::residual_norm(p);
+    blocks::gated_mlp(p, blocks::Activation::Silu);
+    comm.all_reduce_sum(w.h.data(), n * H);
+    blocks::end_layer(p);
+  }
+  kv.set_size(kv.size() + n);
+  if (!logits) return;
+  const int64_t m = all_logits ? n : 1;
+  std::vector<float> xs(size_t(m * H));
+  for (int64_t i = 0; i < m; ++i) w.residual_row(n - m + i, H, &xs[size_t(i * H)]);
+  kernels::rms_norm(xs.data(), mi.final_norm_store.data(), xs.data(), m, H, float(full.rms_norm_eps));
+  blocks::linear(xs.data(), mi.lm_head, nullptr, logits, m);
+}
+
+}  // namespace kvboost
