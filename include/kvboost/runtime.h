@@ -311,6 +311,8 @@ struct EngineOptions {
 
 class Engine;
 struct SpecDraftModel;  // speculative.cpp
+struct StepPlan;        // scheduler.h
+class ModelRunner;      // runner.h
 
 // The adaptive guard's threshold (ReusePolicy::guard_risk): the lead L that the error of a new
 // prompt exceeds with probability `risk` (its first token can change only if the error of its
@@ -449,12 +451,17 @@ class Engine {
  private:
   Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt);
   struct Live;
-  bool admit(Request::State& r);
+  // step() is plan -> run -> process: schedule() (scheduler.cpp) returns the step as data, the
+  // runner_ (runner.h) executes its passes, after_logits (output.cpp) samples and streams.
+  StepPlan schedule();
+  bool admit(Request::State& r, StepPlan& plan);
   void release(Request::State& r);
   void finish(Request::State& r, const char* reason);
+  void fail_request(Request::State& r, const std::string& why);
   void preempt(Request::State& r);
   void after_logits(Request::State& r, float* logits, int32_t chosen = -1);
   KvView view_of(Request::State& r, int64_t n_past);
+  std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<Model> model_;
   Tokenizer tok_;
   EngineOptions opt_;

@@ -19,6 +19,7 @@
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
 #include "request.h"
+#include "runner.h"
 
 namespace kvboost {
 
@@ -286,7 +287,7 @@ int64_t Engine::spec_plan(Request::State& r, int64_t n_decoding) {
   for (; n < d.size(); ++n) {
     auto slot = kv_->append_slot(r.seq);
     if (!slot) break;
-    if (slot->copy) store_->copy_block(slot->copy->src, slot->copy->dst);
+    if (slot->copy) runner_->copy_block(*slot->copy);
   }
   if (n == 0) return 0;
   d.resize(n);
