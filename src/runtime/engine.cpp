@@ -155,7 +155,7 @@ std::shared_ptr<Request> Engine::submit(std::vector<int32_t> ids, GenerateOption
       fail("segment start ", s, " (index ", i, ") must be increasing and inside (0, ", ids.size(), ")");
   }
   if (opt.logprobs < -1 || opt.logprobs > 20) fail("logprobs = ", opt.logprobs, " is out of range (-1 = off, or 0..20)");
-  const SamplerConfig sc = resolve_sampling(opt.sampling, cfg.generation);
+  const SamplingParams sc = resolve_sampling(opt.sampling, cfg.generation);
   validate_sampling(sc);
   auto st = std::make_unique<Request::State>(std::move(ids), std::move(opt), sc, tok_);
   Request::State& r = *st;
