@@ -26,6 +26,8 @@ RANKS = {
     "kernels": 1,    # free functions: matmul per weight type, norms, RoPE, attention (cpu/, cuda/)
     "hub": 1,        # Hugging Face Hub downloads (uses common only)
     "dist": 1,       # tensor-parallel collectives: shared memory between processes, NCCL (common only)
+    "sampling": 1,   # header only (include/kvboost/sampling.h): the sampling settings the model's
+                     # generation_config defaults, requests, the server and the CLI share
     "tokenizer": 2,  # tokenizer.json / GGUF vocabularies, streaming detokenizer
     "chat": 3,       # chat templates (Jinja subset)
     "grammar": 3,    # GBNF / JSON-schema token masks (over the tokenizer's vocabulary)
@@ -41,7 +43,7 @@ RANKS = {
 }
 
 # Headers of include/kvboost/ that belong to a module other than their own name says.
-HEADER_MODULE = {"model_files": "model"}
+HEADER_MODULE = {"model_files": "model", "engine": "runtime", "sampler": "runtime"}
 
 # Edges the rule allows anyway, each with its reason: (from, to) -> reason.
 KNOWN_EXCEPTIONS = {

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvboost/sampling.h"
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
 
@@ -31,14 +32,6 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
-// Sampling defaults a model ships in generation_config.json.
-struct GenerationDefaults {
-  bool do_sample = false;
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int top_k = 0;  // 0 = off (HF's default of 50 applies only when do_sample and unset: see engine)
-  float repetition_penalty = 1.0f;
-};
 
 struct ModelConfig {
   std::string model_type;  // llama | mistral | qwen2 | qwen3 | gemma3
@@ -73,7 +66,10 @@ struct ModelConfig {
   // generation_config.json first, then config.json; GGUF: eos plus the end-of-turn tokens
   // llama.cpp stops at (Gemma's <end_of_turn>, <|eot_id|>, <|im_end|>, ...)
   std::vector<int32_t> eos_token_ids;
-  GenerationDefaults generation;
+  // generation_config.json's sampling defaults (do_sample, temperature, top_p, top_k, with HF's
+  // default top_k of 50 when the file is there but leaves it out; repetition_penalty); unset
+  // without the file. Requests' unset fields take these (resolve_sampling, kvboost/sampling.h).
+  SamplingParams generation;
 
   // Parses config.json (and generation_config.json when present) of a model directory.
   static ModelConfig from_dir(const std::string& dir);

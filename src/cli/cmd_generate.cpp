@@ -85,17 +85,9 @@ void run_generate(GenerateArgs a) {
   // Segments (RAG documents) first, each chunked on its own; the prompt text after them.
   std::vector<int32_t> ids;
   if (!a.segments.empty()) {
-    const Tokenizer& tok = engine->tokenizer();
-    for (size_t i = 0; i < a.segments.size(); ++i) {
-      if (i > 0) opt.segment_starts.push_back(int64_t(ids.size()));
-      auto x = tok.encode(a.segments[i], i == 0 && opt.add_special);
-      ids.insert(ids.end(), x.begin(), x.end());
-    }
-    if (!prompt.empty()) {
-      opt.segment_starts.push_back(int64_t(ids.size()));
-      auto x = tok.encode(prompt, false);
-      ids.insert(ids.end(), x.begin(), x.end());
-    }
+    std::vector<std::string> segs = a.segments;
+    if (!prompt.empty()) segs.push_back(prompt);
+    ids = engine->encode_segments(segs, opt.add_special, &opt.segment_starts);
     std::string all;
     for (const auto& sg : a.segments) all += sg;
     prompt = all + prompt;

@@ -1,7 +1,9 @@
 // Engine: continuous batching over paged KV memory. Requests are queued by submit(); each step()
-// admits what fits, then runs one forward pass holding a decode token of every decoding request
-// and a bounded chunk of prompt tokens of prefilling ones (so a long prompt never stalls running
-// decodes), samples, and streams text that is final (whole UTF-8 characters, never the start of a
+// is plan -> run -> process: the scheduler (scheduler.cpp) admits what fits and plans the step
+// as data (StepPlan), the model runner (runner.cpp) executes its passes, the output stage
+// (output.cpp) samples and streams. One step runs one forward pass holding a decode token of
+// every decoding request and a bounded chunk of prompt tokens of prefilling ones (so a long
+// prompt never stalls running decodes), samples, and streams text that is final (whole UTF-8 characters, never the start of a
 // stop string). KV exhaustion preempts the newest request; it resumes by recomputation, which the
 // prefix cache makes cheap.
 #include <sys/stat.h>
@@ -10,6 +12,8 @@
 #include <cstdio>
 
 #include "request.h"
+#include "runner.h"
+#include "scheduler.h"
 
 namespace kvboost {
 
@@ -49,6 +53,7 @@ Engine::Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt)
     cold_ = std::make_unique<kv::FileColdStore>(opt.cold_dir, store_->block_bytes());
     kv_->attach_cold_tier(store_.get(), cold_.get());
   }
+  runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *store_, cold_ != nullptr);
   // Model identity for chunk keys (model_identity, src/model/identity.cpp): a content hash of
   // the weights, architecture, vocabulary and the store's K/V encoding; stored chunks of one
   // model are never used by another. With a disk tier, per-file hashes are remembered beside it.
@@ -150,7 +155,7 @@ std::shared_ptr<Request> Engine::submit(std::vector<int32_t> ids, GenerateOption
       fail("segment start ", s, " (index ", i, ") must be increasing and inside (0, ", ids.size(), ")");
   }
   if (opt.logprobs < -1 || opt.logprobs > 20) fail("logprobs = ", opt.logprobs, " is out of range (-1 = off, or 0..20)");
-  const SamplerConfig sc = resolve_sampling(opt.sampling, cfg.generation);
+  const SamplingParams sc = resolve_sampling(opt.sampling, cfg.generation);
   validate_sampling(sc);
   auto st = std::make_unique<Request::State>(std::move(ids), std::move(opt), sc, tok_);
   Request::State& r = *st;
@@ -176,326 +181,31 @@ std::shared_ptr<Request> Engine::submit(std::vector<int32_t> ids, GenerateOption
   return req;
 }
 
-bool Engine::admit(Request::State& r) {
-  r.seq = next_seq_++;
-  auto alloc = kv_->allocate_for_prompt(r.seq, r.context, r.ns);
-  if (!alloc) return false;
-  for (const auto& c : alloc->copies) store_->copy_block(c.src, c.dst);
-  r.todo.clear();
-  r.todo_next = 0;
-  for (int64_t p = alloc->n_cached; p < int64_t(r.context.size()); ++p) r.todo.push_back(int32_t(p));
-  if (!r.admitted_once) plan_reuse(r, alloc->n_cached);
-  if (!r.admitted_once) {
-    std::lock_guard<std::mutex> lock(r.mu);
-    r.t_admit = now_ms();
-    r.res.queue_ms = r.t_admit - r.t_submit;
-  }
-  r.admitted_once = true;
-  r.phase = Request::State::Phase::kPrefill;
-  return true;
-}
-
-void Engine::release(Request::State& r) {
-  spec_release(r);
-  if (r.seq && kv_->has_seq(r.seq)) kv_->free(r.seq);
-  r.seq = 0;
-}
-
-void Engine::finish(Request::State& r, const char* reason) {
-  release(r);
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
-    r.res.finish_reason = reason;
-    const double t = now_ms();
-    r.res.total_ms = t - r.t_submit;
-    r.res.decode_ms = r.res.output_ids.empty() ? 0 : t - r.t_first;
-  }
-  r.phase = Request::State::Phase::kDone;
-  r.done_flag = true;
-}
-
-void Engine::preempt(Request::State& r) {
-  release(r);
-  r.context = r.history;  // the pending sampled token included: its prefill logits give the next
-  r.todo.clear();
-  r.todo_next = 0;
-  r.blend = false;
-  r.approx = false;  // resumed from the exact block cache: recomputed exactly, nothing to guard
-  r.phase = Request::State::Phase::kWaiting;
-  std::lock_guard<std::mutex> lock(r.mu);
-  ++r.res.n_preempted;
-}
-
-KvView Engine::view_of(Request::State& r, int64_t n_past) {
-  KvView v;
-  v.k_pools = k_pools_.data();
-  v.v_pools = v_pools_.data();
-  v.block_table = kv_->block_table(r.seq).data();
-  v.block_size = block_size_;
-  v.n_past = n_past;
-  if (cold_) {
-    // Half the hot pool per attention range leaves room for the blocks being written.
-    v.range_blocks = std::max<int64_t>(1, store_->n_blocks() / 2);
-    const kv::SeqId seq = r.seq;
-    v.page_in = [this, seq](int64_t first, int64_t n) {
-      if (!kv_->ensure_resident(seq, first, n))
-        fail("KV memory exhausted: cannot page in ", n, " blocks (hot pool of ", store_->n_blocks(), " blocks)");
-      return kv_->block_table(seq).data();
-    };
-  }
-  return v;
-}
-
-// The request's logits are ready (end of its prefill, or a decode token): sample, stream, and
-// decide whether it goes on.
-// chosen >= 0: the token speculative verification picked from these logits (spec_accept).
-void Engine::after_logits(Request::State& r, float* logits, int32_t chosen) {
-  const ModelConfig& cfg = model_->config();
-  const int64_t n_kv = int64_t(r.history.size());  // tokens whose K/V are now stored
-  if (r.opt.prefix_cache && r.opt.reuse.store) {
-    const size_t n = size_t(std::min<int64_t>(n_kv, r.exact_limit));
-    kv_->commit_full_blocks(r.seq, std::span<const int32_t>(r.history.data(), n));
-  }
-  if (r.opt.on_logits) r.opt.on_logits(logits, cfg.vocab_size);
-  // The sampler's penalties change logits in place; log-probabilities are of the raw ones.
-  if (r.opt.logprobs >= 0) r.raw_logits.assign(logits, logits + cfg.vocab_size);
-  const bool forced = chosen < 0 && r.forced_next < r.opt.forced_output.size();
-  // (Speculation is off for requests with a grammar: spec_plan drafts nothing for them.)
-  if (r.matcher && chosen < 0 && !forced && r.matcher->apply(logits, cfg.vocab_size, r.eos) == 0) {
-    {  // cannot happen with a vocabulary that has every byte; never sample outside the grammar
-      std::lock_guard<std::mutex> lock(r.mu);
-      r.res.error = "grammar: no token of the vocabulary continues the output";
-    }
-    finish(r, "error");
-    return;
-  }
-  const int32_t tok = chosen >= 0 ? chosen
-                      : forced    ? r.opt.forced_output[r.forced_next++]
-                                  : r.sampler.sample(logits, cfg.vocab_size, r.history, r.prompt.size());
-  if (r.matcher) r.matcher->accept(tok, r.eos);
-  if (r.opt.logprobs >= 0) {
-    TokenLogprob lp = token_logprob(r.raw_logits.data(), cfg.vocab_size, tok, r.opt.logprobs);
-    lp.prev = r.history.empty() ? -1 : r.history.back();  // (tok joins the history below)
-    if (r.opt.on_logprob) r.opt.on_logprob(lp);
-    std::lock_guard<std::mutex> lock(r.mu);
-    r.res.logprobs.push_back(std::move(lp));
-  }
-  std::string text;
-  const char* end = nullptr;
-  bool cancelled = false;
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
-    if (r.res.output_ids.empty()) {
-      r.t_first = now_ms();
-      r.res.ttft_ms = r.t_first - r.t_submit;
-      r.res.prefill_ms = r.t_first - r.t_admit;
-      // the remote tier's cost model compares fetching with this measured prefill rate
-      if (chunks_ && !r.approx) chunks_->note_prefill(r.res.n_prompt() - r.res.n_cached, r.res.prefill_ms);
-    }
-    r.res.output_ids.push_back(tok);
-  }
-  r.history.push_back(tok);
-  if (!r.opt.ignore_eos && std::find(r.eos.begin(), r.eos.end(), tok) != r.eos.end()) {
-    end = "stop";
-  } else {
-    text = r.stop.push(r.dec.push(tok));
-    if (r.stop.stopped()) end = "stop";
-  }
-  const int out = int(r.res.output_ids.size());
-  if (!end && r.matcher && r.matcher->must_end()) end = "stop";  // the grammar's output is complete
-  if (!end && (out >= r.opt.max_new_tokens || int64_t(r.history.size()) >= context_length())) end = "length";
-  if (end && !r.stop.stopped()) {  // a normal end: release what was held back
-    text += r.stop.push(r.dec.finish());
-    if (r.stop.stopped()) end = "stop";
-    text += r.stop.flush();
-  }
-  if (!text.empty()) {
-    {
-      std::lock_guard<std::mutex> lock(r.mu);
-      r.res.text += text;
-    }
-    if (r.opt.on_text && !r.opt.on_text(text)) cancelled = true;
-  }
-  if (end || cancelled) {
-    // Every token but the one just sampled has its K/V stored: register the last full blocks
-    // and the partly filled one, so a prompt continuing this text (the next chat turn) reuses
-    // them to the token.
-    if (r.opt.prefix_cache && r.opt.reuse.store && r.seq && kv_->has_seq(r.seq)) {
-      const size_t n = size_t(std::min<int64_t>(int64_t(r.history.size()) - 1, r.exact_limit));
-      const std::span<const int32_t> done(r.history.data(), n);
-      kv_->commit_full_blocks(r.seq, done);
-      kv_->commit_tail(r.seq, done);
-    }
-  }
-  if (end) {
-    finish(r, end);
-  } else if (cancelled) {
-    finish(r, "cancelled");
-  } else {
-    r.phase = Request::State::Phase::kDecode;
-  }
-}
+KvView Engine::view_of(Request::State& r, int64_t n_past) { return runner_->view(r.seq, n_past); }
 
 StepStats Engine::step() {
   using Phase = Request::State::Phase;
   std::lock_guard<std::mutex> lock(mu_);
-  auto st = [](const std::shared_ptr<Request>& q) -> Request::State& { return *q->st_; };
-  auto fail_request = [&](Request::State& r, const std::string& why) {
-    {
-      std::lock_guard<std::mutex> l(r.mu);
-      r.res.error = why;
-    }
-    finish(r, "error");
-  };
-  // 1. Cancelled requests leave, their KV freed.
-  for (auto* list : {&running_, &waiting_}) {
-    for (auto& q : *list)
-      if (st(q).cancel_flag && st(q).phase != Phase::kDone) finish(st(q), "cancelled");
-    std::erase_if(*list, [&](const auto& q) { return st(q).phase == Phase::kDone; });
-  }
-  // 2. Admission, first come first served. With a cold tier, one sequence at a time (paging in
-  // for one sequence may spill another's blocks mid-pass). Requests sharing at least a block of
-  // prompt prefix with one still in its prefill are grouped behind it: they wait until its blocks
-  // are committed and then reuse them instead of computing the same prefix twice.
-  const size_t max_running = cold_ ? 1 : size_t(opt_.max_batch);
-  auto shares_prefill = [&](const Request::State& r) {
-    if (!r.opt.prefix_cache) return false;
-    for (const auto& q : running_) {
-      const Request::State& o = st(q);
-      if (o.phase != Phase::kPrefill || o.ns != r.ns || !o.opt.prefix_cache) continue;
-      const size_t n = std::min(o.context.size(), r.context.size());
-      size_t k = 0;
-      while (k < n && o.context[k] == r.context[k]) ++k;
-      if (int64_t(k) >= block_size_) return true;
-    }
-    return false;
-  };
-  for (size_t i = 0; i < waiting_.size() && running_.size() < max_running;) {
-    Request::State& r = st(waiting_[i]);
-    if (shares_prefill(r)) {
-      ++i;
-      continue;
-    }
-    bool ok = false;
-    try {
-      ok = admit(r);
-    } catch (const std::exception& e) {
-      release(r);
-      fail_request(r, e.what());
-      waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
-      continue;
-    }
-    if (!ok) {
-      if (running_.empty()) {  // nothing will ever free memory for it
-        fail_request(r, "KV memory exhausted: the prompt needs " + std::to_string((r.context.size() + block_size_ - 1) / block_size_) +
-                            " blocks of " + std::to_string(block_size_) + " tokens but the pool has " +
-                            std::to_string(kv_->stats().n_blocks) + " (raise the KV budget)");
-        waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
-        continue;
-      }
-      break;
-    }
-    running_.push_back(waiting_[i]);
-    waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
-  }
-  // 3. Slots for decode tokens, oldest first; exhaustion preempts the newest request.
+  StepPlan plan = schedule();
   StepStats ss;
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Request::State& r = st(running_[i]);
-    if (r.phase != Phase::kDecode) continue;
-    for (;;) {
-      auto slot = kv_->append_slot(r.seq);
-      if (slot) {
-        if (slot->copy) store_->copy_block(slot->copy->src, slot->copy->dst);
-        break;
-      }
-      if (running_.size() == 1) {
-        fail_request(r, "KV memory exhausted after " + std::to_string(r.history.size() - 1) +
-                            " tokens (raise the KV budget or set a cold tier)");
-        break;
-      }
-      Request::State& victim = st(running_.back());
-      preempt(victim);
-      waiting_.insert(waiting_.begin(), running_.back());
-      running_.pop_back();
-      if (&victim == &r) break;
-    }
-  }
-  std::erase_if(running_, [&](const auto& q) { return st(q).phase == Phase::kDone || st(q).phase == Phase::kWaiting; });
-  // 3b. Speculative decoding (speculative.cpp): drafts for decoding requests, their slots reserved.
-  {
-    int64_t n_decoding = 0;
-    for (auto& q : running_) n_decoding += st(q).phase == Phase::kDecode;
-    for (auto& q : running_)
-      if (st(q).phase == Phase::kDecode) ss.n_drafted += spec_plan(st(q), n_decoding);
-  }
-
-  // 4. One forward pass: decode tokens, then prompt chunks within the prefill budget.
-  std::vector<SeqBatch> batch;
-  std::vector<Request::State*> owners;
-  std::vector<Request::State*> blends;
-  int64_t budget = opt_.prefill_chunk;
-  for (auto& q : running_) {
-    Request::State& r = st(q);
-    SeqBatch b;
-    if (r.phase == Phase::kDecode) {
-      b.tokens = &r.history.back();
-      b.n = 1;
-      b.kv = view_of(r, int64_t(r.history.size()) - 1);
-      b.logits = r.logits.data();
-      if (r.spec.rows.size() > 1) {  // speculation: history.back() and the drafts, all verified
-        b.tokens = r.spec.rows.data();
-        b.n = b.n_logits = int64_t(r.spec.rows.size());
-      }
-      ++ss.n_decode;
-    } else if (r.phase == Phase::kPrefill) {
-      if (r.blend) {
-        blends.push_back(&r);
-        continue;
-      }
-      const int64_t left = int64_t(r.todo.size() - r.todo_next);
-      if (budget <= 0 && left > 0) continue;
-      const int64_t take = std::min(left, budget);
-      budget -= take;
-      if (take == 0) {  // nothing to compute (cannot happen: the last token is always computed)
-        continue;
-      }
-      b.positions = &r.todo[r.todo_next];
-      // tokens at those positions: gather (positions may be scattered after a reuse plan)
-      b.n = take;
-      b.kv = view_of(r, 0);
-      const bool last = r.todo_next + size_t(take) == r.todo.size();
-      b.logits = last ? r.logits.data() : nullptr;
-      ss.n_prefill_tokens += take;
-    } else {
-      continue;
-    }
-    batch.push_back(b);
-    owners.push_back(&r);
-  }
-  // Prefill tokens are gathered from the context by position.
-  std::vector<std::vector<int32_t>> gathered(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (!batch[i].positions) continue;
-    Request::State& r = *owners[i];
-    for (int64_t j = 0; j < batch[i].n; ++j) gathered[i].push_back(r.context[size_t(batch[i].positions[j])]);
-    batch[i].tokens = gathered[i].data();
-  }
+  ss.n_decode = plan.n_decode;
+  ss.n_prefill_tokens = plan.n_prefill_tokens;
+  ss.n_drafted = plan.n_drafted;
+  // The batched pass, then the output stage over its rows in order.
+  bool ran = true;
   try {
-    if (!batch.empty()) {
-      const double t0 = now_ms();
-      model_->forward_batch(batch.data(), int64_t(batch.size()));
-      ss.forward_ms += now_ms() - t0;
-      if (blends.empty()) spec_observe(ss);
+    if (!plan.batch.empty()) {
+      ss.forward_ms += runner_->run_batch(plan.batch);
+      if (plan.blends.empty()) spec_observe(ss);
     }
   } catch (const std::exception& e) {
-    for (auto* r : owners) fail_request(*r, e.what());
-    owners.clear();
+    for (const PlannedRows& b : plan.batch) fail_request(*b.req, e.what());
+    ran = false;
   }
-  for (size_t i = 0; i < owners.size(); ++i) {
-    Request::State& r = *owners[i];
+  for (size_t i = 0; ran && i < plan.batch.size(); ++i) {
+    Request::State& r = *plan.batch[i].req;
     if (r.phase == Phase::kPrefill) {
-      r.todo_next += size_t(batch[i].n);
+      r.todo_next += plan.batch[i].tokens.size();
       if (r.todo_next < r.todo.size() || guard_trips(r)) continue;
       r.history = r.context;  // (a resumed request's context is its history)
       if (r.res.output_ids.empty()) store_chunks(r);
@@ -504,20 +214,14 @@ StepStats Engine::step() {
     }
     after_logits(r, r.logits.data());
   }
-  for (Request::State* r : blends) {
+  // Each CacheBlend repair: its pass, then the guard, the chunk store and the output stage.
+  for (const PlannedBlend& pb : plan.blends) {
+    Request::State* r = pb.req;
     try {
-      BlendOptions bo;
-      bo.ratio = r->blend_ratio;
-      bo.check_layer = r->opt.reuse.blend_check_layer;
-      bo.first_ratio = r->blend_first_ratio;
-      bo.taper_layers = r->opt.reuse.blend_taper_layers;
-      bo.reused = r->reused.data();
-      const int64_t n = int64_t(r->context.size()) - r->blend_from;
-      const double t0 = now_ms();
-      const BlendStats bs = model_->forward_blend(r->context.data() + r->blend_from, n, view_of(*r, r->blend_from), bo,
-                                                  r->logits.data());
-      ss.forward_ms += now_ms() - t0;
-      ss.n_prefill_tokens += n;
+      double ms = 0;
+      const BlendStats bs = runner_->run_blend(pb, &ms);
+      ss.forward_ms += ms;
+      ss.n_prefill_tokens += pb.n;
       {
         std::lock_guard<std::mutex> l(r->mu);
         r->res.n_recomputed = bs.n_selected + r->blend_forced;
@@ -531,6 +235,7 @@ StepStats Engine::step() {
       fail_request(*r, e.what());
     }
   }
+  auto st = [](const std::shared_ptr<Request>& q) -> Request::State& { return *q->st_; };
   std::erase_if(running_, [&](const auto& q) { return st(q).phase == Phase::kDone; });
   ss.n_running = int64_t(running_.size());
   ss.n_waiting = int64_t(waiting_.size());

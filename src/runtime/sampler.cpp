@@ -10,29 +10,18 @@
 
 namespace kvboost {
 
-SamplerConfig resolve_sampling(const SamplingParams& p, const GenerationDefaults& d) {
-  SamplerConfig c;
-  // The model's defaults apply only when it asks for sampling (do_sample); otherwise greedy.
-  c.temperature = p.temperature.value_or(d.do_sample ? d.temperature : 0.0f);
-  c.top_k = p.top_k.value_or(d.do_sample ? d.top_k : 0);
-  c.top_p = p.top_p.value_or(d.do_sample ? d.top_p : 1.0f);
-  c.min_p = p.min_p.value_or(0.0f);
-  c.repetition_penalty = p.repetition_penalty.value_or(d.repetition_penalty);
-  c.presence_penalty = p.presence_penalty;
-  c.frequency_penalty = p.frequency_penalty;
-  c.seed = p.seed;
-  c.logit_bias = p.logit_bias;
-  return c;
-}
-
-void validate_sampling(const SamplerConfig& c) {
-  if (!(c.temperature >= 0.0f) || !std::isfinite(c.temperature))
-    fail("temperature = ", c.temperature, " is out of range (must be >= 0)");
-  if (c.top_k < 0) fail("top_k = ", c.top_k, " is out of range (must be >= 0)");
-  if (!(c.top_p > 0.0f && c.top_p <= 1.0f)) fail("top_p = ", c.top_p, " is out of range (0, 1]");
-  if (!(c.min_p >= 0.0f && c.min_p <= 1.0f)) fail("min_p = ", c.min_p, " is out of range [0, 1]");
-  if (!(c.repetition_penalty > 0.0f) || !std::isfinite(c.repetition_penalty))
-    fail("repetition_penalty = ", c.repetition_penalty, " is out of range (must be > 0)");
+void validate_sampling(const SamplingParams& r) {
+  const SamplingParams c = resolve_sampling(r);  // (already resolved: a no-op copy)
+  const float temperature = *c.temperature, top_p = *c.top_p, min_p = *c.min_p;
+  const float repetition_penalty = *c.repetition_penalty;
+  const int top_k = *c.top_k;
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature))
+    fail("temperature = ", temperature, " is out of range (must be >= 0)");
+  if (top_k < 0) fail("top_k = ", top_k, " is out of range (must be >= 0)");
+  if (!(top_p > 0.0f && top_p <= 1.0f)) fail("top_p = ", top_p, " is out of range (0, 1]");
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) fail("min_p = ", min_p, " is out of range [0, 1]");
+  if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty))
+    fail("repetition_penalty = ", repetition_penalty, " is out of range (must be > 0)");
   if (!(c.presence_penalty >= -2.0f && c.presence_penalty <= 2.0f))
     fail("presence_penalty = ", c.presence_penalty, " is out of range [-2, 2]");
   if (!(c.frequency_penalty >= -2.0f && c.frequency_penalty <= 2.0f))
@@ -78,20 +67,20 @@ TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t id, int t
   return t;
 }
 
-Sampler::Sampler(const SamplerConfig& cfg) : cfg_(cfg), rng_(cfg.seed) { validate_sampling(cfg); }
+Sampler::Sampler(const SamplingParams& cfg) : cfg_(resolve_sampling(cfg)), rng_(cfg.seed) { validate_sampling(cfg_); }
 
 void Sampler::apply_penalties(float* logits, int64_t vocab, const std::vector<int32_t>& history, size_t n_prompt) {
   // logit_bias first (OpenAI adds it to the raw logits); -inf (a grammar's mask) stays -inf.
   for (const auto& [id, b] : cfg_.logit_bias)
     if (id < vocab && logits[id] != -std::numeric_limits<float>::infinity()) logits[id] += b;
-  if (cfg_.repetition_penalty != 1.0f) {
+  if ((*cfg_.repetition_penalty) != 1.0f) {
     // HF RepetitionPenaltyLogitsProcessor: each distinct seen id once; divide positive
     // logits, multiply negative ones.
     std::unordered_set<int32_t> seen(history.begin(), history.end());
     for (int32_t id : seen) {
       if (id < 0 || id >= vocab) continue;
       float& l = logits[id];
-      l = l < 0 ? l * cfg_.repetition_penalty : l / cfg_.repetition_penalty;
+      l = l < 0 ? l * (*cfg_.repetition_penalty) : l / (*cfg_.repetition_penalty);
     }
   }
   if ((cfg_.presence_penalty != 0.0f || cfg_.frequency_penalty != 0.0f) && history.size() > n_prompt) {
@@ -117,15 +106,15 @@ size_t Sampler::truncate_candidates(const float* logits, int64_t vocab) {
   cand_.reserve(size_t(vocab));
   // -inf logits (a grammar's mask) are no candidates at all.
   for (int64_t i = 0; i < vocab; ++i)
-    if (logits[i] != -std::numeric_limits<float>::infinity()) cand_.emplace_back(logits[i] / cfg_.temperature, int32_t(i));
+    if (logits[i] != -std::numeric_limits<float>::infinity()) cand_.emplace_back(logits[i] / (*cfg_.temperature), int32_t(i));
   if (cand_.empty()) return int32_t(kernels::argmax(logits, vocab));
   auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
   size_t n = cand_.size();
-  if (cfg_.top_k > 0 && size_t(cfg_.top_k) < n) {
-    std::partial_sort(cand_.begin(), cand_.begin() + cfg_.top_k, cand_.end(), by_logit);
+  if ((*cfg_.top_k) > 0 && size_t((*cfg_.top_k)) < n) {
+    std::partial_sort(cand_.begin(), cand_.begin() + (*cfg_.top_k), cand_.end(), by_logit);
     // HF keeps every token tied with the k-th logit.
-    const float kth = cand_[size_t(cfg_.top_k) - 1].first;
-    n = size_t(cfg_.top_k);
+    const float kth = cand_[size_t((*cfg_.top_k)) - 1].first;
+    n = size_t((*cfg_.top_k));
     std::sort(cand_.begin() + long(n), cand_.end(), by_logit);
     while (n < cand_.size() && cand_[n].first == kth) ++n;
   } else {
@@ -140,19 +129,19 @@ size_t Sampler::truncate_candidates(const float* logits, int64_t vocab) {
   for (size_t i = 0; i < n; ++i) sum += (p[i] = std::exp(double(cand_[i].first - mx)));
   for (auto& v : p) v /= sum;
   size_t keep = n;
-  if (cfg_.top_p < 1.0f) {
+  if ((*cfg_.top_p) < 1.0f) {
     // Keep the smallest prefix whose mass reaches top_p (always at least one token).
     double acc = 0;
     for (size_t i = 0; i < n; ++i) {
       acc += p[i];
-      if (acc >= cfg_.top_p) {
+      if (acc >= (*cfg_.top_p)) {
         keep = i + 1;
         break;
       }
     }
   }
-  if (cfg_.min_p > 0.0f) {
-    const double thr = cfg_.min_p * p[0];
+  if ((*cfg_.min_p) > 0.0f) {
+    const double thr = (*cfg_.min_p) * p[0];
     size_t k = 1;
     while (k < keep && p[k] >= thr) ++k;
     keep = k;
@@ -162,7 +151,7 @@ size_t Sampler::truncate_candidates(const float* logits, int64_t vocab) {
 
 int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>& history, size_t n_prompt) {
   apply_penalties(logits, vocab, history, n_prompt);
-  if (cfg_.temperature == 0.0f) return int32_t(kernels::argmax(logits, vocab));
+  if ((*cfg_.temperature) == 0.0f) return int32_t(kernels::argmax(logits, vocab));
   const size_t keep = truncate_candidates(logits, vocab);
   const std::vector<double>& p = p_;
   double total = 0;
@@ -180,7 +169,7 @@ void Sampler::distribution(float* logits, int64_t vocab, const std::vector<int32
                            std::vector<std::pair<int32_t, double>>* out) {
   out->clear();
   apply_penalties(logits, vocab, history, n_prompt);
-  if (cfg_.temperature == 0.0f) {
+  if ((*cfg_.temperature) == 0.0f) {
     out->emplace_back(int32_t(kernels::argmax(logits, vocab)), 1.0);
     return;
   }

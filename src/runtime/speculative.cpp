@@ -19,6 +19,7 @@
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
 #include "request.h"
+#include "runner.h"
 
 namespace kvboost {
 
@@ -241,10 +242,10 @@ void Engine::spec_setup(Request::State& r) {
   // Teacher forcing and the cold tier (one sequence, pages moving mid-pass) decode plainly.
   if (sp.k_max == 0 || !r.opt.forced_output.empty() || cold_) sp.mode = SpecMode::kOff;
   // A seeded sampled request must reproduce: by default only greedy requests speculate.
-  if (r.sampler.config().temperature > 0 && !r.opt.speculative.mode && !so.sampled) sp.mode = SpecMode::kOff;
+  if (*r.sampler.config().temperature > 0 && !r.opt.speculative.mode && !so.sampled) sp.mode = SpecMode::kOff;
   if (sp.mode == SpecMode::kOff) return;
-  if (sp.mode == SpecMode::kDraft && r.sampler.config().temperature > 0) {
-    SamplerConfig dc = r.sampler.config();
+  if (sp.mode == SpecMode::kDraft && *r.sampler.config().temperature > 0) {
+    SamplingParams dc = r.sampler.config();
     dc.seed = dc.seed * 0x9E3779B97F4A7C15ull + 1;  // its own stream of draws
     dc.repetition_penalty = 1.0f, dc.presence_penalty = 0.0f, dc.frequency_penalty = 0.0f;
     sp.draft_sampler.emplace(dc);
@@ -286,7 +287,7 @@ int64_t Engine::spec_plan(Request::State& r, int64_t n_decoding) {
   for (; n < d.size(); ++n) {
     auto slot = kv_->append_slot(r.seq);
     if (!slot) break;
-    if (slot->copy) store_->copy_block(slot->copy->src, slot->copy->dst);
+    if (slot->copy) runner_->copy_block(*slot->copy);
   }
   if (n == 0) return 0;
   d.resize(n);

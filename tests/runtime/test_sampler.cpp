@@ -9,12 +9,12 @@
 using namespace kvboost;
 
 namespace {
-SamplerConfig cfg(float t, int k = 0, float p = 1, float minp = 0, float rep = 1, uint64_t seed = 1) {
-  SamplerConfig c;
+SamplingParams cfg(float t, int k = 0, float p = 1, float minp = 0, float rep = 1, uint64_t seed = 1) {
+  SamplingParams c;
   c.temperature = t, c.top_k = k, c.top_p = p, c.min_p = minp, c.repetition_penalty = rep, c.seed = seed;
   return c;
 }
-std::map<int32_t, int> histogram(SamplerConfig c, std::vector<float> logits, int n) {
+std::map<int32_t, int> histogram(SamplingParams c, std::vector<float> logits, int n) {
   Sampler s(c);
   std::map<int32_t, int> h;
   for (int i = 0; i < n; ++i) {
@@ -93,16 +93,26 @@ TEST(Sampler, RejectsOutOfRangeValues) {
 }
 
 TEST(Sampler, ResolvesGenerationConfigDefaults) {
-  GenerationDefaults d;
+  SamplingParams d;  // a model's generation_config.json
   d.do_sample = true, d.temperature = 0.7f, d.top_p = 0.8f, d.top_k = 20, d.repetition_penalty = 1.05f;
-  SamplerConfig c = resolve_sampling({}, d);
-  EXPECT_FLOAT_EQ(c.temperature, 0.7f);
-  EXPECT_EQ(c.top_k, 20);
+  SamplingParams c = resolve_sampling({}, d);
+  EXPECT_FLOAT_EQ(*c.temperature, 0.7f);
+  EXPECT_EQ(*c.top_k, 20);
+  EXPECT_FLOAT_EQ(*c.min_p, 0.0f);  // never the model's
+  EXPECT_FLOAT_EQ(*c.repetition_penalty, 1.05f);
   SamplingParams p;
   p.temperature = 0.0f;
-  EXPECT_FLOAT_EQ(resolve_sampling(p, d).temperature, 0.0f);
+  EXPECT_FLOAT_EQ(*resolve_sampling(p, d).temperature, 0.0f);
+  EXPECT_FLOAT_EQ(*resolve_sampling(p, d).top_p, 0.8f);  // the rest still the model's
   d.do_sample = false;
-  EXPECT_FLOAT_EQ(resolve_sampling({}, d).temperature, 0.0f);  // greedy unless the model samples
+  EXPECT_FLOAT_EQ(*resolve_sampling({}, d).temperature, 0.0f);  // greedy unless the model samples
+  EXPECT_FLOAT_EQ(*resolve_sampling({}, d).top_p, 1.0f);
+  EXPECT_FLOAT_EQ(*resolve_sampling({}, d).repetition_penalty, 1.05f);  // applies either way
+  const SamplingParams none = resolve_sampling({}, {});  // no generation_config.json: neutral
+  EXPECT_FLOAT_EQ(*none.temperature, 0.0f);
+  EXPECT_EQ(*none.top_k, 0);
+  EXPECT_FLOAT_EQ(*none.top_p, 1.0f);
+  EXPECT_FLOAT_EQ(*none.repetition_penalty, 1.0f);
 }
 
 TEST(StopMatcher, HoldsBackPrefixesAndCutsAtStop) {
@@ -124,7 +134,7 @@ TEST(StopMatcher, HoldsBackPrefixesAndCutsAtStop) {
 TEST(Sampler, LogitBiasForcesAndBansTokens) {
   // +100 on id 3 beats the argmax (greedy and sampled); -100 on the argmax removes it; a masked
   // (-inf) token stays masked whatever its bias.
-  SamplerConfig c = cfg(0);
+  SamplingParams c = cfg(0);
   c.logit_bias = {{3, 100.0f}};
   std::vector<float> l = {0.1f, 2.0f, 1.9f, -5};
   EXPECT_EQ(Sampler(c).sample(l.data(), 4, {}), 3);

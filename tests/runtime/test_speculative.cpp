@@ -147,7 +147,7 @@ TEST(Speculative, AdaptiveLengthFollowsAcceptance) {
 TEST(Speculative, AcceptanceRulePreservesTheDistribution) {
   const std::vector<float> logits = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, -3.0f};
   const int64_t V = int64_t(logits.size());
-  SamplerConfig c;
+  SamplingParams c;
   c.temperature = 0.9f, c.top_k = 5, c.seed = 7;
   Sampler ref(c);
   SpecDist p;
@@ -159,7 +159,7 @@ TEST(Speculative, AcceptanceRulePreservesTheDistribution) {
   EXPECT_EQ(p.size(), 5u);  // top-k
   const SpecDist q = {{0, 0.1}, {1, 0.6}, {2, 0.1}, {4, 0.1}, {5, 0.1}};
   for (int mode = 0; mode < 2; ++mode) {
-    SamplerConfig qc;
+    SamplingParams qc;
     qc.temperature = 1.0f, qc.seed = 99;
     Sampler s(c), dq(qc);
     std::vector<double> hist(size_t(V), 0);

@@ -1,0 +1,41 @@
+// Internal: the model runner. It executes what the scheduler planned (scheduler.h) and is the
+// engine's only code that runs the model's forward passes or copies K/V blocks: it turns a
+// plan's rows into the model's SeqBatch/KvView over the paged pools and times the passes.
+// It reads block tables from the kv manager but never allocates; with a cold tier, the view's
+// page_in makes a sequence's blocks resident range by range during attention.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "kvboost/kv.h"
+#include "kvboost/model.h"
+#include "scheduler.h"
+
+namespace kvboost {
+
+class ModelRunner {
+ public:
+  ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKvStorage& store, bool cold_tier);
+
+  // A sequence's K/V as the model sees them: the pools, its block table, n_past stored tokens.
+  KvView view(kv::SeqId seq, int64_t n_past) const;
+  // Copy-on-write of a shared block, all layers, K and V.
+  void copy_block(const kv::CopyOp& c) { store_.copy_block(c.src, c.dst); }
+
+  // The step's batched pass over plan.batch; returns its wall time in ms. Throws what the model
+  // throws (the engine fails every request of the pass).
+  double run_batch(std::vector<PlannedRows>& rows);
+  // One CacheBlend repair pass; *ms gets its wall time.
+  BlendStats run_blend(const PlannedBlend& b, double* ms);
+
+ private:
+  const Model& model_;
+  kv::KvCacheManager& kv_;
+  kv::PagedKvStorage& store_;
+  std::vector<float*> k_pools_, v_pools_;
+  bool cold_;
+  std::vector<SeqBatch> batch_;  // scratch, reused across steps
+};
+
+}  // namespace kvboost
