@@ -41,10 +41,6 @@ Engine::Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt)
   if (n_blocks < 1) fail("KV budget of ", budget, " bytes holds no block of ", block_size_, " tokens");
   kv_ = std::make_unique<kv::KvCacheManager>(n_blocks, block_size_);
   store_ = std::make_unique<kv::PagedKvStorage>(n_blocks, block_size_, c.n_layers, c.n_kv_heads, c.head_dim);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    k_pools_.push_back(store_->k_pool(l));
-    v_pools_.push_back(store_->v_pool(l));
-  }
   if (!opt.cold_dir.empty()) {
     cold_ = std::make_unique<kv::FileColdStore>(opt.cold_dir, store_->block_bytes());
     kv_->attach_cold_tier(store_.get(), cold_.get());
@@ -228,21 +224,10 @@ void Engine::preempt(Request::State& r) {
 
 KvView Engine::view_of(Request::State& r, int64_t n_past) {
   KvView v;
-  v.k_pools = k_pools_.data();
-  v.v_pools = v_pools_.data();
-  v.block_table = kv_->block_table(r.seq).data();
-  v.block_size = block_size_;
+  static_cast<kv::KvLayout&>(v) = store_->layout(kv_->block_table(r.seq).data());
   v.n_past = n_past;
-  if (cold_) {
-    // Half the hot pool per attention range leaves room for the blocks being written.
-    v.range_blocks = std::max<int64_t>(1, store_->n_blocks() / 2);
-    const kv::SeqId seq = r.seq;
-    v.page_in = [this, seq](int64_t first, int64_t n) {
-      if (!kv_->ensure_resident(seq, first, n))
-        fail("KV memory exhausted: cannot page in ", n, " blocks (hot pool of ", store_->n_blocks(), " blocks)");
-      return kv_->block_table(seq).data();
-    };
-  }
+  // Half the hot pool per attention range leaves room for the blocks being written.
+  if (cold_) v.pager = kv::Pager(*kv_, r.seq, std::max<int64_t>(1, store_->n_blocks() / 2));
   return v;
 }
 
