@@ -29,10 +29,12 @@ RANKS = {
     "sampling": 1,   # header only (include/kvboost/sampling.h): the sampling settings the model's
                      # generation_config defaults, requests, the server and the CLI share
     "tokenizer": 2,  # tokenizer.json / GGUF vocabularies, streaming detokenizer
+    # kv uses only common and kernels (RoPE re-rotation); it ranks below model because the model's
+    # forward pass takes its K/V views from it (kvboost/kv_layout.h: KvLayout, Pager).
+    "kv": 2,         # block pool, block tables, K/V layout, tiers, chunk hashing and stores (no model)
     "chat": 3,       # chat templates (Jinja subset)
     "grammar": 3,    # GBNF / JSON-schema token masks (over the tokenizer's vocabulary)
     "model": 4,      # config, weight formats, architectures (arch/), forward pass over K/V views
-    "kv": 4,         # block pool, block tables, tiers, chunk hashing and stores (no model)
     "gpu": 5,        # the CUDA decoder (binds a model's weight files)
     "runtime": 5,    # engine: scheduling, prefill/decode, reuse, sampling, stop strings
     "testing": 5,    # kvboost_testing: fixture writer for tests, tools and the CLI demo
@@ -43,7 +45,7 @@ RANKS = {
 }
 
 # Headers of include/kvboost/ that belong to a module other than their own name says.
-HEADER_MODULE = {"model_files": "model", "engine": "runtime", "sampler": "runtime"}
+HEADER_MODULE = {"model_files": "model", "engine": "runtime", "sampler": "runtime", "kv_layout": "kv"}
 
 # Edges the rule allows anyway, each with its reason: (from, to) -> reason.
 KNOWN_EXCEPTIONS = {

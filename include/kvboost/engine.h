@@ -313,7 +313,6 @@ class Engine {
   std::unique_ptr<kv::KvCacheManager> kv_;
   std::unique_ptr<kv::PagedKvStorage> store_;
   std::unique_ptr<kv::FileColdStore> cold_;
-  std::vector<float*> k_pools_, v_pools_;
   std::vector<std::shared_ptr<Request>> waiting_, running_;
   std::shared_ptr<kv::ChunkStore> chunks_;
   std::string model_id_;

@@ -49,12 +49,10 @@
 #include <vector>
 
 #include "kvboost/common.h"
+#include "kvboost/kv_layout.h"  // BlockId, SeqId, kColdBlock; KvLayout, Pager
 
 namespace kvboost::kv {
 
-using BlockId = int32_t;
-using SeqId = int64_t;
-inline constexpr BlockId kColdBlock = -1;  // a block-table entry whose data is in the cold tier
 inline constexpr int64_t kDefaultBlockSize = 16;
 
 // ---- hashing -----------------------------------------------------------------------------------
@@ -168,12 +166,17 @@ class PagedKvStorage {
   int64_t head_dim() const { return head_dim_; }
   int64_t block_floats() const { return block_size_ * n_kv_heads_ * head_dim_; }  // per K or V
 
-  float* k_pool(int64_t layer) { return base_ + pool_offset(layer, 0); }
-  float* v_pool(int64_t layer) { return base_ + pool_offset(layer, 1); }
-  float* k_block(int64_t layer, BlockId b) { return k_pool(layer) + int64_t(b) * block_floats(); }
-  float* v_block(int64_t layer, BlockId b) { return v_pool(layer) + int64_t(b) * block_floats(); }
-  const float* k_block(int64_t layer, BlockId b) const;
-  const float* v_block(int64_t layer, BlockId b) const;
+  // The storage as a KvLayout (kvboost/kv_layout.h), under a sequence's block table (null: for
+  // block-level access only). Every K/V access below goes through it.
+  KvLayout layout(const BlockId* block_table = nullptr) const {
+    return KvLayout{k_ptrs_.data(), v_ptrs_.data(), block_table, block_size_, n_kv_heads_, head_dim_};
+  }
+  float* k_pool(int64_t layer) { return k_ptrs_[size_t(layer)]; }
+  float* v_pool(int64_t layer) { return v_ptrs_[size_t(layer)]; }
+  float* k_block(int64_t layer, BlockId b) { return layout().k_block(layer, b); }
+  float* v_block(int64_t layer, BlockId b) { return layout().v_block(layer, b); }
+  const float* k_block(int64_t layer, BlockId b) const { return layout().k_block(layer, b); }
+  const float* v_block(int64_t layer, BlockId b) const { return layout().v_block(layer, b); }
 
   void copy_block(BlockId src, BlockId dst);   // all layers, K and V (copy-on-write)
   std::vector<IoPiece> block_pieces(BlockId b);  // layer 0 K, layer 0 V, layer 1 K, ...
@@ -186,6 +189,7 @@ class PagedKvStorage {
   int64_t n_blocks_, block_size_, n_layers_, n_kv_heads_, head_dim_;
   float* base_ = nullptr;
   size_t bytes_ = 0;
+  std::vector<float*> k_ptrs_, v_ptrs_;  // per layer: the K and V pools inside base_
 };
 
 // ---- cold tier ---------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 // CacheBlend repair). Architectures: llama, mistral, qwen2, qwen3, gemma3 (src/model/arch/).
 // The weight-file layer (safetensors / GGUF tensors) is kvboost/model_files.h; the test
 // fixture writer is the kvboost_testing library (src/testing/fixture.h).
-// Uses kvboost/common.h and kvboost/kernels.h.
+// Uses kvboost/common.h, kvboost/kernels.h and kvboost/kv_layout.h (the K/V views).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,7 @@
 #include "kvboost/sampling.h"
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
+#include "kvboost/kv_layout.h"
 
 namespace kvboost {
 
@@ -110,22 +111,18 @@ struct Weight {
   const kernels::PackedWeight* packed = nullptr;
 };
 
-// Where one sequence's K/V live, as plain pointers: per layer a pool laid out
-// [n_blocks][block_size][n_kv_heads][head_dim] f32, and the sequence's block table (token at
-// position p is in block block_table[p / block_size], row p % block_size). The kv module's
-// PagedKvStorage provides this for paged memory; KvCache below is the one-block special case.
-struct KvView {
-  float* const* k_pools = nullptr;  // [n_layers]
-  float* const* v_pools = nullptr;  // [n_layers]
-  const int32_t* block_table = nullptr;  // covers positions [0, n_past + n_new)
-  int64_t block_size = 0;
+// Where one sequence's K/V live for a forward pass: a kv::KvLayout (kvboost/kv_layout.h: per
+// layer a pool laid out [n_blocks][block_size][n_kv_heads][head_dim] f32, and the sequence's
+// block table; position p is row p % block_size of block block_table[p / block_size]) plus how
+// many positions are already stored. The kv module's PagedKvStorage::layout provides the layout
+// for paged memory; KvCache below is the one-block special case. The row width may be left 0
+// (the model's is used); another model's is an Error.
+struct KvView : kv::KvLayout {
   int64_t n_past = 0;  // tokens whose K/V are already stored (positions 0 .. n_past-1)
-  // Optional, for K/V that do not all fit in fast memory (cold-block spill): before K/V of blocks
-  // [first, first + n) of the table are read or written, forward calls page_in(first, n), which
-  // makes them resident and returns the current block table (valid until the next call).
-  // Attention then runs over ranges of at most range_blocks blocks, merged by log-sum-exp.
-  std::function<const int32_t*(int64_t first, int64_t n)> page_in;
-  int64_t range_blocks = 0;
+  // Active for K/V that do not all fit in fast memory (cold-block spill): the forward pass
+  // makes the blocks it writes resident before a layer writes them, and runs attention over the
+  // ranges of the pager's plan (merged by log-sum-exp), making each resident before reading it.
+  kv::Pager pager;
 };
 
 // A contiguous per-sequence K/V cache: k/v[layer] is [capacity, n_kv_heads, head_dim] f32 —
@@ -143,7 +140,7 @@ class KvCache {
   KvView view() const;
 
  private:
-  int64_t capacity_, size_ = 0, layer_stride_;
+  int64_t capacity_, size_ = 0, layer_stride_, n_kv_heads_, head_dim_;
   std::vector<float> k_, v_;
   std::vector<float*> k_ptrs_, v_ptrs_;
   int32_t block0_ = 0;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <utility>
 
 #include "kvboost/kv.h"
 
@@ -39,13 +40,19 @@ PagedKvStorage::PagedKvStorage(int64_t n_blocks, int64_t block_size, int64_t n_l
   if (p == MAP_FAILED)
     fail("PagedKvStorage: mmap of ", bytes_, " bytes failed: ", std::strerror(errno));
   base_ = static_cast<float*>(p);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    k_ptrs_.push_back(base_ + pool_offset(l, 0));
+    v_ptrs_.push_back(base_ + pool_offset(l, 1));
+  }
 }
 
 PagedKvStorage::PagedKvStorage(PagedKvStorage&& o) noexcept
     : n_blocks_(o.n_blocks_), block_size_(o.block_size_), n_layers_(o.n_layers_),
-      n_kv_heads_(o.n_kv_heads_), head_dim_(o.head_dim_), base_(o.base_), bytes_(o.bytes_) {
+      n_kv_heads_(o.n_kv_heads_), head_dim_(o.head_dim_), base_(o.base_), bytes_(o.bytes_),
+      k_ptrs_(std::move(o.k_ptrs_)), v_ptrs_(std::move(o.v_ptrs_)) {
   o.base_ = nullptr;
   o.bytes_ = 0;
+  o.k_ptrs_.clear(), o.v_ptrs_.clear();
 }
 
 PagedKvStorage& PagedKvStorage::operator=(PagedKvStorage&& o) noexcept {
@@ -58,8 +65,10 @@ PagedKvStorage& PagedKvStorage::operator=(PagedKvStorage&& o) noexcept {
     head_dim_ = o.head_dim_;
     base_ = o.base_;
     bytes_ = o.bytes_;
+    k_ptrs_ = std::move(o.k_ptrs_), v_ptrs_ = std::move(o.v_ptrs_);
     o.base_ = nullptr;
     o.bytes_ = 0;
+    o.k_ptrs_.clear(), o.v_ptrs_.clear();
   }
   return *this;
 }
@@ -70,13 +79,7 @@ void PagedKvStorage::release() {
   if (base_) ::munmap(base_, bytes_);
   base_ = nullptr;
   bytes_ = 0;
-}
-
-const float* PagedKvStorage::k_block(int64_t layer, BlockId b) const {
-  return base_ + pool_offset(layer, 0) + int64_t(b) * block_floats();
-}
-const float* PagedKvStorage::v_block(int64_t layer, BlockId b) const {
-  return base_ + pool_offset(layer, 1) + int64_t(b) * block_floats();
+  k_ptrs_.clear(), v_ptrs_.clear();
 }
 
 void PagedKvStorage::copy_block(BlockId src, BlockId dst) {
@@ -84,9 +87,10 @@ void PagedKvStorage::copy_block(BlockId src, BlockId dst) {
     fail("PagedKvStorage::copy_block: block ", src, " -> ", dst, " outside [0, ", n_blocks_, ")");
   if (src == dst) return;
   const size_t n = size_t(block_floats()) * sizeof(float);
+  const KvLayout L = layout();
   for (int64_t l = 0; l < n_layers_; ++l) {
-    std::memcpy(k_block(l, dst), k_block(l, src), n);
-    std::memcpy(v_block(l, dst), v_block(l, src), n);
+    std::memcpy(L.k_block(l, dst), L.k_block(l, src), n);
+    std::memcpy(L.v_block(l, dst), L.v_block(l, src), n);
   }
 }
 
@@ -95,9 +99,10 @@ std::vector<IoPiece> PagedKvStorage::block_pieces(BlockId b) {
   const size_t n = size_t(block_floats()) * sizeof(float);
   std::vector<IoPiece> out;
   out.reserve(size_t(2 * n_layers_));
+  const KvLayout L = layout();  // the spill tier moves whole blocks: every layer's K and V rows
   for (int64_t l = 0; l < n_layers_; ++l) {
-    out.push_back({k_block(l, b), n});
-    out.push_back({v_block(l, b), n});
+    out.push_back({L.k_block(l, b), n});
+    out.push_back({L.v_block(l, b), n});
   }
   return out;
 }

@@ -13,12 +13,13 @@ namespace kvboost {
 
 using namespace blocks;
 
-BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& kv, const BlendOptions& opt,
+BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& view, const BlendOptions& opt,
                                 float* logits) const {
   const ModelConfig& c = cfg_;
   const int64_t H = c.hidden_size, nkv = c.n_kv_heads * c.head_dim;
   if (n <= 0) fail("forward_blend: no tokens");
-  if (kv.page_in) fail("forward_blend: K/V in a cold tier are not supported (use selective repair)");
+  const KvView kv = model_view(c, view, 0);
+  if (kv.pager) fail("forward_blend: K/V in a cold tier are not supported (use selective repair)");
   if (opt.ratio < 0 || opt.ratio > 1) fail("blend ratio ", opt.ratio, " is outside [0, 1]");
   if (opt.first_ratio < 0 || opt.first_ratio > 1) fail("blend first ratio ", opt.first_ratio, " is outside [0, 1]");
   check_tokens(c, tokens, n);
@@ -65,13 +66,13 @@ BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& 
   // Deviation of each current candidate row's fresh K/V from its cached K/V at layer l.
   int64_t measured_layer = 0;
   const BeforeWrite measure = [&](const float* k, const float* v) {
-    const int64_t bs = kv.block_size, l = measured_layer;
+    const int64_t l = measured_layer;
     dev.assign(tok.size(), 0.0f);
     for (size_t r = 0; r < tok.size(); ++r) {
       if (!is_cand[size_t(tok[r])]) continue;
       const int64_t p = kv.n_past + tok[r];
-      const float* ck = slot_ptr(kv.k_pools[l], kv.block_table, bs, p, nkv);
-      const float* cv = slot_ptr(kv.v_pools[l], kv.block_table, bs, p, nkv);
+      const float* ck = kv.k_row(l, p);
+      const float* cv = kv.v_row(l, p);
       // Relative to the fresh vectors' size, K and V each: a token whose small K/V changed
       // by half ranks above one whose large K/V moved by a tenth (Gemma 3 RAG, 48 prompts: KL
       // 0.028 -> 0.0165 against the absolute squared distance, docs/chunk-reuse.md).

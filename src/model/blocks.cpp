@@ -11,11 +11,18 @@ namespace kvboost::blocks {
 namespace {
 const float* bias(const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); }
 
-// The block table of a sequence with blocks [first, first + n) resident (cold tier) or as is.
-const int32_t* table_for(const KvView& kv, int64_t first, int64_t n) {
-  return kv.page_in ? kv.page_in(first, n) : kv.block_table;
-}
 }  // namespace
+
+KvView model_view(const ModelConfig& c, const KvView& kv, int64_t seq) {
+  KvView v = kv;
+  if (v.n_kv_heads == 0 && v.head_dim == 0) v.n_kv_heads = c.n_kv_heads, v.head_dim = c.head_dim;
+  if (v.n_kv_heads != c.n_kv_heads || v.head_dim != c.head_dim)
+    fail("forward: the K/V view of sequence ", seq, " has rows of ", v.n_kv_heads, " heads x ", v.head_dim,
+         " but the model's are ", c.n_kv_heads, " x ", c.head_dim);
+  if (!v.k_pools || !v.v_pools || !v.block_table || v.block_size <= 0)
+    fail("forward: the K/V view of sequence ", seq, " has no pools, no block table or block size ", v.block_size);
+  return v;
+}
 
 void Work::resize(const ModelConfig& c, int64_t n, bool paged_in) {
   const int64_t H = c.hidden_size, nq = c.n_heads * c.head_dim, nkv = c.n_kv_heads * c.head_dim;
@@ -64,12 +71,11 @@ bool write_kv(LayerPass& p) {
   for (const Run& r : p.rows.runs) {
     const KvView& kv = p.seqs[r.seq].kv;
     const int64_t bs = kv.block_size;
-    const int32_t* table = table_for(kv, r.pos0 / bs, (r.pos0 + r.n - 1) / bs - r.pos0 / bs + 1);
-    for (int64_t t = 0; t < r.n; ++t) {
-      const int64_t pos = r.pos0 + t, row = r.row0 + t;
-      std::memcpy(slot_ptr(kv.k_pools[l], table, bs, pos, nkv), &w.k[size_t(row * nkv)], size_t(nkv) * sizeof(float));
-      std::memcpy(slot_ptr(kv.v_pools[l], table, bs, pos, nkv), &w.v[size_t(row * nkv)], size_t(nkv) * sizeof(float));
-    }
+    // A cold tier: the run's blocks are made resident before the layer writes them.
+    const kv::KvLayout dst = kv.pager ? kv.with_table(kv.pager.make_resident(
+                                            {r.pos0 / bs, (r.pos0 + r.n - 1) / bs - r.pos0 / bs + 1}))
+                                      : kv::KvLayout(kv);
+    dst.write_rows(l, r.pos0, r.n, &w.k[size_t(r.row0 * nkv)], &w.v[size_t(r.row0 * nkv)]);
   }
   return !p.kv_only;
 }
@@ -85,26 +91,24 @@ void attention(LayerPass& p) {
     const int64_t bs = kv.block_size, end = r.pos0 + r.n;
     float* att = &w.att[size_t(r.row0 * nq)];
     const float* q = &w.q[size_t(r.row0 * nq)];
-    if (!kv.page_in) {
-      kernels::paged_attention(q, kv.k_pools[l], kv.v_pools[l], kv.block_table, att, r.n, r.pos0, end, bs,
-                               c.n_heads, c.n_kv_heads, hd, window, scale);
+    if (!kv.pager) {
+      kernels::paged_attention(q, kv.k_pool(l), kv.v_pool(l), kv.block_table, att, r.n, r.pos0, end, bs, c.n_heads,
+                               c.n_kv_heads, hd, window, scale);
       continue;
     }
-    // K/V in ranges of blocks, each paged in before use; the scan direction alternates per
-    // layer so that the blocks an LRU hot pool still holds are the ones needed first.
+    // K/V in the pager's ranges of blocks, each made resident before use, merged by log-sum-exp.
     float* lse = &w.lse[size_t(r.row0 * c.n_heads)];
     float* part = &w.part[size_t(r.row0 * nq)];
     float* lse_part = &w.lse_part[size_t(r.row0 * c.n_heads)];
-    const int64_t n_blocks = (end + bs - 1) / bs, rb = std::max<int64_t>(1, kv.range_blocks);
-    const int64_t n_ranges = (n_blocks + rb - 1) / rb;
+    const int64_t n_blocks = (end + bs - 1) / bs, n_ranges = kv.pager.n_ranges(n_blocks);
     std::fill(lse, lse + r.n * c.n_heads, -std::numeric_limits<float>::infinity());
     for (int64_t i = 0; i < n_ranges; ++i) {
-      const int64_t b0 = (l % 2 == 0 ? i : n_ranges - 1 - i) * rb, nb = std::min(rb, n_blocks - b0);
-      const int64_t k0 = b0 * bs, k1 = std::min(end, (b0 + nb) * bs);
+      const kv::BlockRange br = kv.pager.range(l, i, n_blocks);
+      const int64_t k0 = br.first * bs, k1 = std::min(end, (br.first + br.n) * bs);
       if (window > 0 && k1 <= r.pos0 - window + 1) continue;  // outside every query's window
-      const int32_t* table = kv.page_in(b0, nb);
-      kernels::paged_attention_lse(q, kv.k_pools[l], kv.v_pools[l], table + b0, part, lse_part, r.n, r.pos0 - k0,
-                                   k1 - k0, bs, c.n_heads, c.n_kv_heads, hd, window, scale);
+      const int32_t* table = kv.pager.make_resident(br);
+      kernels::paged_attention_lse(q, kv.k_pool(l), kv.v_pool(l), table + br.first, part, lse_part, r.n,
+                                   r.pos0 - k0, k1 - k0, bs, c.n_heads, c.n_kv_heads, hd, window, scale);
       kernels::attention_merge(att, lse, part, lse_part, r.n * c.n_heads, hd);
     }
   }

@@ -126,9 +126,8 @@ void run_layer(const detail::ModelImpl& m, const ModelConfig& c, int64_t l, cons
 // A layer's matrices with data in the streamer's slot (shapes and types as bound at load).
 const Weight* bind_streamed(const detail::LayerWeights& L, const std::vector<const uint8_t*>& p, Weight* out);
 
-// The K/V (f32 rows of nkv floats) stored for position p.
-inline float* slot_ptr(float* pool, const int32_t* table, int64_t bs, int64_t p, int64_t nkv) {
-  return pool + (int64_t(table[p / bs]) * bs + p % bs) * nkv;
-}
+// The view with the model's row width filled in (KvView leaves it 0 by default); Error naming
+// the sequence when the view was built for another row width.
+KvView model_view(const ModelConfig& c, const KvView& kv, int64_t seq);
 
 }  // namespace kvboost::blocks

@@ -14,7 +14,8 @@ using blocks::Rows;
 using blocks::Work;
 
 KvCache::KvCache(const ModelConfig& cfg, int64_t capacity)
-    : capacity_(capacity), layer_stride_(capacity * cfg.n_kv_heads * cfg.head_dim) {
+    : capacity_(capacity), layer_stride_(capacity * cfg.n_kv_heads * cfg.head_dim), n_kv_heads_(cfg.n_kv_heads),
+      head_dim_(cfg.head_dim) {
   k_.assign(size_t(layer_stride_ * cfg.n_layers), 0.0f);
   v_.assign(size_t(layer_stride_ * cfg.n_layers), 0.0f);
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
@@ -29,6 +30,7 @@ KvView KvCache::view() const {
   v.v_pools = v_ptrs_.data();
   v.block_table = &block0_;
   v.block_size = capacity_;
+  v.n_kv_heads = n_kv_heads_, v.head_dim = head_dim_;
   v.n_past = size_;
   return v;
 }
@@ -130,14 +132,17 @@ void Model::forward(const int32_t* tokens, int64_t n, const KvView& kv, float* l
   forward_batch(&s, 1);
 }
 
-void Model::forward_batch(const SeqBatch* seqs, int64_t n_seqs) const {
+void Model::forward_batch(const SeqBatch* in, int64_t n_seqs) const {
   const ModelConfig& c = cfg_;
   const int64_t H = c.hidden_size;
   Rows rows;
   bool paged_in = false;
+  std::vector<SeqBatch> batch(in, in + std::max<int64_t>(0, n_seqs));  // views with the model's row width
+  const SeqBatch* seqs = batch.data();
   for (int64_t s = 0; s < n_seqs; ++s) {
-    const SeqBatch& b = seqs[s];
+    SeqBatch& b = batch[size_t(s)];
     if (b.n <= 0) fail("forward: sequence ", s, " of the batch has no tokens");
+    b.kv = model_view(c, b.kv, s);
     check_tokens(c, b.tokens, b.n);
     for (int64_t i = 0; i < b.n; ++i) {
       const int64_t p = b.positions ? b.positions[i] : b.kv.n_past + i;
@@ -145,7 +150,7 @@ void Model::forward_batch(const SeqBatch* seqs, int64_t n_seqs) const {
         fail("forward: positions of sequence ", s, " are not increasing at index ", i);
       rows.add(s, p);
     }
-    paged_in = paged_in || bool(b.kv.page_in);
+    paged_in = paged_in || b.kv.pager.active();
   }
   const int64_t n = rows.size();
   if (n == 0) return;

@@ -45,10 +45,6 @@ Engine::Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt)
   if (n_blocks < 1) fail("KV budget of ", budget, " bytes holds no block of ", block_size_, " tokens");
   kv_ = std::make_unique<kv::KvCacheManager>(n_blocks, block_size_);
   store_ = std::make_unique<kv::PagedKvStorage>(n_blocks, block_size_, c.n_layers, c.n_kv_heads, c.head_dim);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    k_pools_.push_back(store_->k_pool(l));
-    v_pools_.push_back(store_->v_pool(l));
-  }
   if (!opt.cold_dir.empty()) {
     cold_ = std::make_unique<kv::FileColdStore>(opt.cold_dir, store_->block_bytes());
     kv_->attach_cold_tier(store_.get(), cold_.get());

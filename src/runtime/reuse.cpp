@@ -139,18 +139,16 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
   int64_t frontier = n_cached;
   const kv::ChunkShape& shape = chunks_ ? chunks_->shape() : kv::ChunkShape{};
   std::vector<float> kbuf, vbuf;
-  const std::span<const int32_t> table = kv_->block_table(r.seq);
+  const kv::KvLayout kvl = store_->layout(kv_->block_table(r.seq).data());
+  // Rows [from, begin + len) of a stored chunk into the sequence's slots, keys re-rotated from
+  // the chunk's position to `begin`.
   auto copy_in = [&](const kv::Chunk& ch, int64_t begin, int64_t from) {
-    const int64_t len = int64_t(ch.tokens.size()), delta = begin - ch.pos0;
+    const int64_t len = int64_t(ch.tokens.size()), delta = begin - ch.pos0, t0 = std::max<int64_t>(0, from - begin);
     kbuf.resize(size_t(len * nkv)), vbuf.resize(size_t(len * nkv));
     for (int64_t l = 0; l < c.n_layers; ++l) {
       kv::chunk_get_layer(ch, shape, l, kbuf.data(), vbuf.data());
-      kernels::rope_shift(kbuf.data(), len, c.n_kv_heads, c.head_dim, model_->rope_inv_freq(l).data(), delta);
-      for (int64_t t = std::max<int64_t>(0, from - begin); t < len; ++t) {
-        const int64_t p = begin + t, slot = int64_t(table[size_t(p / block_size_)]) * block_size_ + p % block_size_;
-        std::memcpy(k_pools_[size_t(l)] + slot * nkv, &kbuf[size_t(t * nkv)], size_t(nkv) * sizeof(float));
-        std::memcpy(v_pools_[size_t(l)] + slot * nkv, &vbuf[size_t(t * nkv)], size_t(nkv) * sizeof(float));
-      }
+      kvl.write_rows(l, begin + t0, len - t0, kbuf.data() + t0 * nkv, vbuf.data() + t0 * nkv);
+      kvl.rotate_keys(l, begin + t0, len - t0, model_->rope_inv_freq(l).data(), delta);
     }
   };
   if (lookups && chunks_->has_remote()) {  // the remote tier: one round trip for the whole prompt
@@ -462,7 +460,7 @@ void Engine::store_chunks(Request::State& r) {
   if (!chunks_ || !r.opt.reuse.store || !r.opt.prefix_cache || !opt_.cold_dir.empty() || !kv_->has_seq(r.seq)) return;
   const ModelConfig& c = model_->config();
   const int64_t nkv = c.n_kv_heads * c.head_dim;
-  const std::span<const int32_t> table = kv_->block_table(r.seq);
+  const kv::KvLayout kvl = store_->layout(kv_->block_table(r.seq).data());
   const kv::ChunkShape& shape = chunks_->shape();
   std::vector<float> kbuf, vbuf;
   for (size_t i = 0; i < r.chunks.size(); ++i) {
@@ -486,11 +484,7 @@ void Engine::store_chunks(Request::State& r) {
     kv::chunk_init(*chunk, shape, chunks_->options().quant, len);
     kbuf.resize(size_t(len * nkv)), vbuf.resize(size_t(len * nkv));
     for (int64_t l = 0; l < c.n_layers; ++l) {
-      for (int64_t t = 0; t < len; ++t) {
-        const int64_t p = ch.begin + t, slot = int64_t(table[size_t(p / block_size_)]) * block_size_ + p % block_size_;
-        std::memcpy(&kbuf[size_t(t * nkv)], k_pools_[size_t(l)] + slot * nkv, size_t(nkv) * sizeof(float));
-        std::memcpy(&vbuf[size_t(t * nkv)], v_pools_[size_t(l)] + slot * nkv, size_t(nkv) * sizeof(float));
-      }
+      kvl.read_rows(l, ch.begin, len, kbuf.data(), vbuf.data());
       kv::chunk_put_layer(*chunk, shape, l, kbuf.data(), vbuf.data());
     }
     if (!chunks_->put(std::move(chunk), r.opt.reuse.pin, r.ns, r.opt.reuse.pin_owner)) ++r.res.n_pin_refused;

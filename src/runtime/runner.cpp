@@ -7,31 +7,14 @@
 namespace kvboost {
 
 ModelRunner::ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKvStorage& store, bool cold_tier)
-    : model_(model), kv_(kv), store_(store), cold_(cold_tier) {
-  for (int64_t l = 0; l < model.config().n_layers; ++l) {
-    k_pools_.push_back(store.k_pool(l));
-    v_pools_.push_back(store.v_pool(l));
-  }
-}
+    : model_(model), kv_(kv), store_(store), cold_(cold_tier) {}
 
 KvView ModelRunner::view(kv::SeqId seq, int64_t n_past) const {
   KvView v;
-  v.k_pools = k_pools_.data();
-  v.v_pools = v_pools_.data();
-  v.block_table = kv_.block_table(seq).data();
-  v.block_size = store_.block_size();
+  static_cast<kv::KvLayout&>(v) = store_.layout(kv_.block_table(seq).data());
   v.n_past = n_past;
-  if (cold_) {
-    // Half the hot pool per attention range leaves room for the blocks being written.
-    v.range_blocks = std::max<int64_t>(1, store_.n_blocks() / 2);
-    kv::KvCacheManager* kv = &kv_;
-    const int64_t n_hot = store_.n_blocks();
-    v.page_in = [kv, seq, n_hot](int64_t first, int64_t n) {
-      if (!kv->ensure_resident(seq, first, n))
-        fail("KV memory exhausted: cannot page in ", n, " blocks (hot pool of ", n_hot, " blocks)");
-      return kv->block_table(seq).data();
-    };
-  }
+  // Half the hot pool per attention range leaves room for the blocks being written.
+  if (cold_) v.pager = kv::Pager(kv_, seq, std::max<int64_t>(1, store_.n_blocks() / 2));
   return v;
 }
 

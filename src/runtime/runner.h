@@ -2,7 +2,7 @@
 // engine's only code that runs the model's forward passes or copies K/V blocks: it turns a
 // plan's rows into the model's SeqBatch/KvView over the paged pools and times the passes.
 // It reads block tables from the kv manager but never allocates; with a cold tier, the view's
-// page_in makes a sequence's blocks resident range by range during attention.
+// kv::Pager (kvboost/kv_layout.h) makes each attention range resident before it is read.
 #pragma once
 
 #include <memory>
@@ -33,7 +33,6 @@ class ModelRunner {
   const Model& model_;
   kv::KvCacheManager& kv_;
   kv::PagedKvStorage& store_;
-  std::vector<float*> k_pools_, v_pools_;
   bool cold_;
   std::vector<SeqBatch> batch_;  // scratch, reused across steps
 };

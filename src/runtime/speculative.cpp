@@ -146,10 +146,6 @@ std::unique_ptr<SpecDraftModel> load_draft_model(const std::string& dir, const M
   if (n_blocks < 1) fail(dir, ": the draft model's KV budget holds no block");
   d->kv = std::make_unique<kv::KvCacheManager>(n_blocks, d->block_size);
   d->store = std::make_unique<kv::PagedKvStorage>(n_blocks, d->block_size, c.n_layers, c.n_kv_heads, c.head_dim);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    d->k_pools.push_back(d->store->k_pool(l));
-    d->v_pools.push_back(d->store->v_pool(l));
-  }
   d->cost = double(d->model->decode_weight_bytes()) / double(std::max<size_t>(1, target.decode_weight_bytes()));
   d->logits.resize(size_t(c.vocab_size));
   return d;

@@ -60,17 +60,13 @@ struct SpecDraftModel {
   std::unique_ptr<Model> model;
   std::unique_ptr<kv::KvCacheManager> kv;
   std::unique_ptr<kv::PagedKvStorage> store;
-  std::vector<float*> k_pools, v_pools;
   int64_t block_size = 0;
   kv::SeqId next_seq = 1;
   double cost = 0;
   std::vector<float> logits;
   KvView view(kv::SeqId seq, int64_t n_past) {
     KvView v;
-    v.k_pools = k_pools.data();
-    v.v_pools = v_pools.data();
-    v.block_table = kv->block_table(seq).data();
-    v.block_size = block_size;
+    static_cast<kv::KvLayout&>(v) = store->layout(kv->block_table(seq).data());
     v.n_past = n_past;
     return v;
   }

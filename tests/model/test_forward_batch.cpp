@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "kvboost/model.h"
@@ -30,6 +31,37 @@ float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
   float m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
   return m;
+}
+
+TEST(ForwardBatch, ViewOfAnotherRowWidthIsAnError) {
+  // KvView is a kv::KvLayout: a row width of 0 is the model's; another one (pools built for
+  // another model) or a view without pools is refused by name, before anything is written
+  auto m = tiny_model("fb_view");
+  const auto& c = m->config();
+  const auto t = tokens(5, 3);
+  KvCache kv(c, 16);
+  std::vector<float> logits(size_t(c.vocab_size));
+  KvView v = kv.view();
+  EXPECT_EQ(v.n_kv_heads, c.n_kv_heads);
+  EXPECT_EQ(v.head_dim, c.head_dim);
+  v.n_kv_heads = 0, v.head_dim = 0;  // the model's
+  m->forward(t.data(), 5, v, logits.data());
+  std::vector<float> want(logits.size());
+  KvCache kv2(c, 16);
+  m->forward(t.data(), 5, kv2, want.data());
+  EXPECT_EQ(logits, want);
+  EXPECT_EQ(std::memcmp(kv.k(1), kv2.k(1), size_t(5 * c.n_kv_heads * c.head_dim) * sizeof(float)), 0);
+  v.head_dim = c.head_dim * 2, v.n_kv_heads = c.n_kv_heads;
+  try {
+    m->forward(t.data(), 5, v, logits.data());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("K/V view of sequence 0 has rows of"), std::string::npos) << e.what();
+  }
+  BlendOptions bo;
+  EXPECT_THROW(m->forward_blend(t.data(), 5, v, bo, logits.data()), Error);
+  KvView empty;
+  EXPECT_THROW(m->forward(t.data(), 5, empty, logits.data()), Error);
 }
 
 TEST(ForwardBatch, TwoSequencesInOnePassEqualSeparatePasses) {
