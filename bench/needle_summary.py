@@ -26,7 +26,17 @@ for k in complete:
 full = {k: next(d for d in rows[k] if d["mode"] == "full prefill") for k in complete}
 print(f"{len(complete)} prompts from {len(sys.argv) - 1} file(s)\n")
 print("| mode | accuracy | full prefill's accuracy on the same prompts | first token = full | all tokens = full | "
-      "mean matching tokens | TTFT mean ms | mean vs full |\n|---|---|---|---|---|---|---|---|")
+      "mean matching tokens | TTFT mean ms | mean vs full | repair that stood |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def stood(d):
+    """The last step of a prompt's ladder ("selective:0.41/0.30/d0.0123>recompute" -> "recompute")."""
+    steps = d.get("steps", "-")
+    if steps in ("", "-"):
+        return None
+    return steps.split(">")[-1].split(":")[0]
+
+
 t_full = statistics.mean(float(full[k]["ttft_ms"]) for k in complete)
 for m, ds in modes.items():
     n = len(ds)
@@ -37,4 +47,6 @@ for m, ds in modes.items():
     all_eq = sum(1 for k, d in zip(complete, ds) if d["text"] == full[k]["text"])
     t = statistics.mean(float(d["ttft_ms"]) for d in ds)
     print(f"| {m} | {100 * acc / n:.1f}% ({acc}/{n}) | {sum(int(full[k]['correct']) for k in complete)}/{n} | "
-          f"{100 * fa / n:.1f}% | {100 * all_eq / n:.1f}% | {statistics.mean(n_tok):.1f} | {t:.0f} | {t_full / t:.2f}x |")
+          f"{100 * fa / n:.1f}% | {100 * all_eq / n:.1f}% | {statistics.mean(n_tok):.1f} | {t:.0f} | {t_full / t:.2f}x | "
+          + (", ".join(f"{k} {v}" for k, v in sorted(collections.Counter(filter(None, map(stood, ds))).items())) or "-")
+          + " |")

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -98,6 +99,10 @@ struct GenerateResult {
     int64_t rows = 0;     // prompt positions this step computed through the last layer
     float lead = 0, limit = 0;  // the first token's lead after the step, the guard's threshold
     bool kept = false;    // the guard let it stand
+    // selective: the mean relative squared distance of the repaired rows' cached K/V from the
+    // fresh ones (||fresh - cached||² / ||fresh||², K and V, every layer); how much the new
+    // context changed the chunks' K/V. NaN where not measured.
+    float deviation = NAN;
   };
   std::vector<ReuseStep> reuse_steps;
   float first_lead = 0;                // the first token's top logit minus the runner-up's, as
@@ -332,6 +337,8 @@ class Engine {
   void plan_reuse(Request::State& r, int64_t n_cached);
   void store_chunks(Request::State& r);
   bool guard_trips(Request::State& r);
+  float repaired_deviation(Request::State& r) const;
+  double guard_trip_rate(ReuseMode m) const;  // Laplace: (tripped + 1) / (checked + 2)
   void guard_learn(Request::State& r);
   void guard_escalate(Request::State& r, ReuseMode to);
   ReuseMode auto_first_rung(int64_t sel_rows, int64_t span, int64_t n_new, int64_t n_approx) const;

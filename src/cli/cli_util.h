@@ -116,6 +116,8 @@ struct NeedleArgs {
   std::string model, corpus, quant = "f32", per_prompt;
   std::string modes = "prefix,selective,cacheblend,auto";
   std::string calibrate;  // non-empty: write the guard's calibration there (save_calibration)
+  std::string guard_file;     // the guard's starting calibration (EngineOptions::guard_file)
+  std::string chat_template;  // a Jinja file or built-in name; empty: the model's own, if any
   int prompts = 8, docs = 6, pool = 24, doc_words = 120, chunk = 128, max_tokens = 32;
   uint64_t seed = 1;
   ReusePolicy repair;

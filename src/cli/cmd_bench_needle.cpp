@@ -16,6 +16,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
@@ -96,6 +97,19 @@ std::string norm(const std::string& s) {
   return o;
 }
 
+// The answer is the generated text up to where the model goes on past it: a line break, or (a
+// pretrained model continuing the completion form) the next "Answer:" or "Question:". Only that
+// part counts, so an answer that lists several of the documents' values is not correct because
+// one of them is (Gemma 3 270M, a pretrained model, often writes "A Answer: B Answer: C").
+std::string first_answer(const std::string& text) {
+  size_t end = text.size();
+  for (const char* stop : {"\n", "Answer:", "Question:"}) {
+    const size_t at = text.find(stop, text.find_first_not_of(" \n") == std::string::npos ? 0 : text.find_first_not_of(" \n"));
+    if (at != std::string::npos) end = std::min(end, at);
+  }
+  return text.substr(0, end);
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -134,6 +148,7 @@ void run_needle(const NeedleArgs& a) {
   eo.chunk_size = a.chunk;
   eo.chunk_store.quant = kv::parse_kv_quant(a.quant);
   eo.load.progress = nullptr;
+  eo.guard_file = a.guard_file;
   const std::string dir = resolve_model_dir(a.model, false);
   auto e = Engine::load(dir, eo);
   const Tokenizer& tok = e->tokenizer();
@@ -147,7 +162,7 @@ void run_needle(const NeedleArgs& a) {
   // tokenizer.chat_template) Gemma 3 270M echoed the documents under the full prefill too
   // (2026-12-01 run, docs/measurements/2026-12-01-reuse-auto.md), so such a model gets the plain
   // "Question: ... Answer:" completion form.
-  std::string cfg = chat_config_for(a.model, "", false);
+  std::string cfg = chat_config_for(a.model, a.chat_template, false);
   if (!cfg.empty()) {
     const std::string mark = "\x01KVBOOST_NEEDLE\x01";
     const std::string t = apply_chat_template(cfg, nlohmann::ordered_json::array({{{"role", "user"}, {"content", mark}}}), true);
@@ -255,7 +270,8 @@ void run_needle(const NeedleArgs& a) {
   if (!a.per_prompt.empty()) {
     dump.reset(std::fopen(a.per_prompt.c_str(), "w"));
     if (!dump) fail("--per-prompt ", a.per_prompt, ": cannot open for writing");
-    std::fprintf(dump.get(), "prompt\tmode\twhere\tkind\tanswer\tcorrect\tfirst_agree\tmatching_tokens\tttft_ms\tsteps\ttext\n");
+    std::fprintf(dump.get(), "prompt\tmode\twhere\tkind\tanswer\tcorrect\tfirst_agree\tmatching_tokens\tttft_ms\tsteps\t"
+                            "n_tokens\tfull_lead\tlead\terror\ttext\n");
   }
   std::printf("needle task: model %s (%s), %d prompts of %d documents (pool %d, %d words each, %zu facts), %d tokens greedy per mode, chunk %d; text: %s\n",
               e->model().dir().c_str(), chat ? "chat template" : "no chat template", a.prompts, a.docs, a.pool,
@@ -288,7 +304,12 @@ void run_needle(const NeedleArgs& a) {
     std::vector<int64_t> segs;
     const std::vector<int32_t> ids = build(order, f.question, &segs);
     n_tokens_sum += int64_t(ids.size());
-    if (i == 0) std::fprintf(stderr, "needle prompt: %zu tokens, starting %d %d %d\n", ids.size(), ids[0], ids[1], ids[2]);
+    if (i == 0) {  // the prompt's form, for checking the template: its first and last token ids
+      std::string b;
+      for (size_t k = 0; k < ids.size(); ++k)
+        if (k < 4 || k + 5 >= ids.size()) b += (k == ids.size() - 5 && ids.size() > 9 ? " ... " : " ") + std::to_string(ids[k]);
+      std::fprintf(stderr, "needle prompt: %zu tokens (%s):%s\n", ids.size(), chat ? "chat template" : "completion form", b.c_str());
+    }
     std::vector<GenerateResult> res(rows.size());
     std::vector<std::vector<float>> first(rows.size());
     for (size_t k = 0; k < rows.size(); ++k) {
@@ -310,7 +331,7 @@ void run_needle(const NeedleArgs& a) {
     for (size_t m = 0; m < rows.size(); ++m) {
       ModeRow& row = rows[m];
       const GenerateResult& g = res[m];
-      const bool ok = norm(g.text).find(norm(f.answer)) != std::string::npos;
+      const bool ok = norm(first_answer(g.text)).find(norm(f.answer)) != std::string::npos;
       size_t same = 0;
       while (same < g.output_ids.size() && same < full.output_ids.size() && g.output_ids[same] == full.output_ids[same]) ++same;
       const bool all = g.output_ids == full.output_ids;
@@ -320,7 +341,22 @@ void run_needle(const NeedleArgs& a) {
       row.ttft.push_back(g.ttft_ms);
       row.match.push_back(double(same));
       std::string steps;
-      for (const auto& s : g.reuse_steps) steps += (steps.empty() ? "" : ">") + s.repair + (s.kept ? "" : "x");
+      for (const auto& s : g.reuse_steps) {
+        char b[96] = "";
+        if (s.repair != "recompute") {
+          std::snprintf(b, sizeof b, ":%.2f/%.2f", double(s.lead), double(s.limit));
+          if (!std::isnan(s.deviation)) std::snprintf(b + std::strlen(b), sizeof b - std::strlen(b), "/d%.4f", double(s.deviation));
+        }
+        steps += (steps.empty() ? "" : ">") + s.repair + (s.kept ? "" : "x") + b;
+      }
+      // This mode's first lead and its error against the full prefill's lead of the same two tokens.
+      float full_lead = NAN, own_lead = NAN, err = NAN;
+      if (!first[m].empty() && first[m].size() == first[0].size()) {
+        int32_t ia, ib, fa, fb;
+        own_lead = lead_of(first[m], &ia, &ib);
+        full_lead = lead_of(first[0], &fa, &fb);
+        err = own_lead - (first[0][size_t(ia)] - first[0][size_t(ib)]);
+      }
       if (!g.reuse_steps.empty()) row.kept_at[g.reuse_steps.back().repair] += 1;
       // --calibrate: the error of this mode's first lead against the full prefill's (no guard recompute)
       if (!a.calibrate.empty() && m > 0 && g.approximate && !g.guarded && row.mode != ReuseMode::kAuto && first[m].size() == first[0].size()) {
@@ -332,8 +368,9 @@ void run_needle(const NeedleArgs& a) {
         std::string t = g.text;
         for (char& c : t)
           if (c == '\t' || c == '\n') c = ' ';
-        std::fprintf(dump.get(), "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%zu\t%.1f\t%s\t%s\n", i, row.name.c_str(), f.where.c_str(),
-                     f.kind.c_str(), f.answer.c_str(), int(ok), int(same > 0), same, g.ttft_ms, steps.c_str(), t.c_str());
+        std::fprintf(dump.get(), "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%zu\t%.1f\t%s\t%zu\t%.4f\t%.4f\t%.4f\t%s\n", i, row.name.c_str(),
+                     f.where.c_str(), f.kind.c_str(), f.answer.c_str(), int(ok), int(same > 0), same, g.ttft_ms,
+                     steps.empty() ? "-" : steps.c_str(), ids.size(), double(full_lead), double(own_lead), double(err), t.c_str());
       }
     }
     if (dump) std::fflush(dump.get());

@@ -314,6 +314,7 @@ struct Args {
   std::string task;       // "needle": the answer-accuracy task (cmd_bench_needle.cpp)
   std::string calibrate;  // write the guard's calibration here (a file, or a directory: beside a chunk store)
   int max_tokens = 32;    // needle: tokens generated per mode
+  std::string guard_file, chat_template;  // needle: the guard's starting calibration; the chat template
   ReusePolicy repair;  // repair parameters (the mode is set per row)
   uint64_t seed = 1;
   std::string per_prompt;  // file for one line per prompt and mode (empty: none)
@@ -501,6 +502,10 @@ void add_bench_reuse(CLI::App* bench) {
   c->add_option("--calibrate", a->calibrate,
                 "Write what the guard learned (each approximate prompt's lead error vs the full prefill) to this file, or "
                 "to DIR/guard-<model id>.txt for a directory (a chunk store's, loaded by serve/generate --chunk-store DIR)");
+  c->add_option("--guard-file", a->guard_file,
+                "needle: start the guard from this calibration file (written by --calibrate; updated as the guard learns)");
+  c->add_option("--chat-template", a->chat_template,
+                std::string("needle: ") + kChatTemplateHelp + "; a model without one gets the plain completion form");
   c->callback([a]() {
     if (a->task.empty()) return run_bench(*a);
     if (a->task != "needle") fail("--task: unknown task '", a->task, "' (choices: needle)");
@@ -509,6 +514,7 @@ void add_bench_reuse(CLI::App* bench) {
     n.model = a->model, n.corpus = a->corpus, n.quant = a->quant, n.per_prompt = a->per_prompt;
     n.calibrate = a->calibrate, n.prompts = a->runs, n.docs = a->docs, n.pool = a->pool, n.doc_words = a->doc_words;
     n.chunk = a->chunk, n.max_tokens = a->max_tokens, n.seed = a->seed, n.repair = a->repair;
+    n.guard_file = a->guard_file, n.chat_template = a->chat_template;
     std::string modes;  // (the bench's default list minus none: the needle task's default)
     for (const char* m : {"prefix", "none", "selective", "cacheblend", "auto"})
       if (a->modes.find(m) != std::string::npos && (std::string(m) != "none" || a->modes != Args{}.modes))

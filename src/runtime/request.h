@@ -76,6 +76,11 @@ struct Request::State {
   int64_t first_approx = 0;
   std::vector<int64_t> run_starts;
   int64_t blend_rows = 0;  // rows the last CacheBlend pass computed in its last layer
+  // The selective step's probe: the reused K/V of the approximate rows it recomputes, copied
+  // before they are overwritten ([row][layer][K nkv, V nkv]), so that the guard can measure how
+  // far the cached K/V of repaired rows were from fresh ones (Engine::repaired_deviation).
+  std::vector<int64_t> probe_rows;
+  std::vector<float> probe_kv;
   std::vector<float> logits;       // [vocab]
   std::vector<float> raw_logits;   // [vocab] copy before sampling (GenerateOptions::logprobs)
   // Chunk plan of the prompt (reuse.cpp): spans, keys, and where each chunk's K/V came from.

