@@ -258,11 +258,11 @@ void Engine::plan_reuse(Request::State& r, int64_t n_cached) {
       if (sel[size_t(p)] && state[size_t(p)] == 2 && p != n - 1) r.probe_rows.push_back(p);
     r.probe_kv.resize(r.probe_rows.size() * size_t(c.n_layers) * size_t(2 * nkv));
     float* out = r.probe_kv.data();
+    const kv::KvLayout lay = store_->layout(kv_->block_table(r.seq).data());
     for (int64_t p : r.probe_rows) {
-      const int64_t slot = int64_t(table[size_t(p / block_size_)]) * block_size_ + p % block_size_;
       for (int64_t l = 0; l < c.n_layers; ++l, out += 2 * nkv) {
-        std::memcpy(out, k_pools_[size_t(l)] + slot * nkv, size_t(nkv) * sizeof(float));
-        std::memcpy(out + nkv, v_pools_[size_t(l)] + slot * nkv, size_t(nkv) * sizeof(float));
+        std::memcpy(out, lay.k_row(l, p), size_t(nkv) * sizeof(float));
+        std::memcpy(out + nkv, lay.v_row(l, p), size_t(nkv) * sizeof(float));
       }
     }
   }
@@ -361,15 +361,14 @@ float Engine::repaired_deviation(Request::State& r) const {
   if (r.probe_rows.empty()) return NAN;
   const ModelConfig& c = model_->config();
   const int64_t nkv = c.n_kv_heads * c.head_dim;
-  const std::span<const int32_t> table = kv_->block_table(r.seq);
+  const kv::KvLayout lay = store_->layout(kv_->block_table(r.seq).data());
   const float* cached = r.probe_kv.data();
   double sum = 0;
   int64_t n_terms = 0;
   for (int64_t p : r.probe_rows) {
-    const int64_t slot = int64_t(table[size_t(p / block_size_)]) * block_size_ + p % block_size_;
     for (int64_t l = 0; l < c.n_layers; ++l, cached += 2 * nkv) {
       for (int kv = 0; kv < 2; ++kv) {
-        const float* fresh = (kv ? v_pools_[size_t(l)] : k_pools_[size_t(l)]) + slot * nkv;
+        const float* fresh = kv ? lay.v_row(l, p) : lay.k_row(l, p);
         const float* old = cached + kv * nkv;
         double d = 0, f = 0;
         for (int64_t j = 0; j < nkv; ++j) d += double(fresh[j] - old[j]) * double(fresh[j] - old[j]), f += double(fresh[j]) * double(fresh[j]);
