@@ -10,8 +10,11 @@
 #include "kvboost/common.h"
 #include "kvboost/dist.h"
 #include "test_util.h"
+#include "error_of.h"
 
 using namespace kvboost;
+
+using kvboost::test::error_of;
 
 namespace {
 // A MAP_SHARED anonymous area the children write their results into (the parent checks them).
@@ -24,16 +27,6 @@ struct SharedOut {
   }
   ~SharedOut() { munmap(p, n * sizeof(float)); }
 };
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 float value(int r, int64_t i) { return float((r + 1) * 1000 + i % 997) * 0.5f; }
 }  // namespace

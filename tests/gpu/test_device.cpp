@@ -3,21 +3,12 @@
 #include "kvboost/gpu.h"
 #include "testing/fixture.h"
 #include "test_util.h"
+#include "error_of.h"
 
 using namespace kvboost;
 using kernels::Device;
 
-namespace {
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-}  // namespace
+using kvboost::test::error_of;
 
 TEST(Device, ParsesCpuCudaAndCudaN) {
   EXPECT_TRUE(kernels::parse_device("cpu").is_cpu());

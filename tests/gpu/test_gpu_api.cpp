@@ -3,8 +3,11 @@
 #include "kvboost/gpu.h"
 #include "testing/fixture.h"
 #include "test_util.h"
+#include "error_of.h"
 
 using namespace kvboost;
+
+using kvboost::test::error_of;
 
 namespace {
 std::unique_ptr<Model> tiny_model(const std::string& name) {
@@ -15,15 +18,6 @@ std::unique_ptr<Model> tiny_model(const std::string& name) {
   return Model::load(dir);
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 }  // namespace
 
 TEST(GpuApi, WithoutCudaEveryCallSaysSo) {

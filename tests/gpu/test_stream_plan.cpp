@@ -7,22 +7,15 @@
 #include "kvboost/common.h"
 #include "kvboost/gpu.h"
 #include "test_util.h"
+#include "error_of.h"
 
 using namespace kvboost;
 using gpu::StreamOp;
 using gpu::StreamStep;
 
-namespace {
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using kvboost::test::error_of;
 
+namespace {
 gpu::StreamPlanInput equal_layers(int n, uint64_t bytes, uint64_t fixed, uint64_t budget) {
   gpu::StreamPlanInput in;
   in.layer_bytes.assign(size_t(n), bytes);

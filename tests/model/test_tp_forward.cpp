@@ -14,8 +14,11 @@
 #include "kvboost/model.h"
 #include "testing/fixture.h"
 #include "test_util.h"
+#include "error_of.h"
 
 using namespace kvboost;
+
+using kvboost::test::error_of;
 
 namespace {
 
@@ -94,16 +97,6 @@ void check_model(const std::string& dir, const std::vector<int32_t>& prompt) {
   const Run tp1 = run(dir, 1, prompt, vocab);
   expect_agree(plain, tp1, "TP=1 vs the plain forward");
   for (int world : {2, 4}) expect_agree(tp1, run(dir, world, prompt, vocab), "TP=" + std::to_string(world) + " vs TP=1");
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace
