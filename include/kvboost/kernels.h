@@ -286,8 +286,10 @@ void quantize_row(const float* src, WType wt, void* dst, int64_t n);
 // ---- sampling math (over one row of logits) ----
 // In-place softmax of x[0..n).
 void softmax(float* x, int64_t n);
-// Index of the largest value (first one on ties).
+// Index of the largest value (first one on ties; NaNs never win, except a NaN at 0, which
+// nothing compares greater than). The AVX2 version gives the same index as the reference.
 int64_t argmax(const float* x, int64_t n);
+int64_t argmax_ref(const float* x, int64_t n);
 
 
 // ---- compute devices (issue 29) ----

@@ -223,6 +223,11 @@ void gelu_tanh_mul(const float* gate, const float* up, float* y, int64_t n) {
   gelu_tanh_mul_ref(gate, up, y, n);
 }
 
+int64_t argmax(const float* x, int64_t n) {
+  if (active_isa() >= Isa::Avx2) return cpu::argmax_avx2(x, n);
+  return argmax_ref(x, n);
+}
+
 void attention(const float* q, const float* k, const float* v, float* out, int64_t n_q,
                int64_t q_pos0, int64_t n_kv_tokens, int64_t n_heads, int64_t n_kv_heads,
                int64_t head_dim, int64_t window, float scale, float* scratch) {

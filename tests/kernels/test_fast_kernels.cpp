@@ -2,6 +2,7 @@
 // matmul (prefill tiles and decode GEMV, every weight type, ragged shapes), the raw-layout GEMV
 // and GEMM at model shapes, and the thread pool under the kernels (thread counts 1..3).
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -139,4 +140,50 @@ TEST(FastKernels, PackWeightRejectsEmpty) {
   std::vector<float> w(4);
   EXPECT_THROW(pack_weight(w.data(), WType::F32, 0, 4), Error);
   EXPECT_THROW(pack_weight(w.data(), WType::F32, 4, 0), Error);
+}
+
+// argmax: the vector path gives the reference's index (the first of the largest values) over
+// ragged lengths, ties, -inf masks (a grammar's), NaNs and Gemma 3's 262k-entry vocabulary.
+TEST(FastKernels, ArgmaxMatchesReference) {
+  IsaGuard g;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::vector<float>> cases;
+  for (int64_t n : {1, 2, 7, 8, 9, 31, 32, 33, 63, 64, 65, 100, 1000, 262144}) {
+    cases.push_back(randv(n, 40 + n));
+    std::vector<float> ties(size_t(n), 0.5f);  // all equal: index 0
+    cases.push_back(ties);
+    std::vector<float> late = randv(n, 50 + n);  // the maximum twice, near the end
+    late[size_t(n - 1)] = 9.0f;
+    if (n > 3) late[size_t(n - 3)] = 9.0f;
+    cases.push_back(late);
+    std::vector<float> masked(size_t(n), -inf);  // everything masked but one value
+    masked[size_t(n / 2)] = -3.0f;
+    cases.push_back(masked);
+    std::vector<float> nans = randv(n, 60 + n);  // NaNs never win (except at 0)
+    for (int64_t i = 1; i < n; i += 5) nans[size_t(i)] = nan;
+    cases.push_back(nans);
+    std::vector<float> zeros(size_t(n), -0.0f);  // -0 and +0 are equal: the first
+    if (n > 4) zeros[4] = 0.0f;
+    cases.push_back(zeros);
+  }
+  std::vector<float> nan0 = randv(40, 7);
+  nan0[0] = nan;
+  cases.push_back(nan0);
+  std::vector<float> all_inf(50, -inf);
+  cases.push_back(all_inf);
+  for (Isa isa : isas()) {
+    set_active_isa(isa);
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const auto& x = cases[c];
+      ASSERT_EQ(argmax(x.data(), int64_t(x.size())), argmax_ref(x.data(), int64_t(x.size())))
+          << isa_name(isa) << " case " << c << " n=" << x.size();
+    }
+  }
+  // Known answers, independent of the reference.
+  const float v[] = {1.0f, 3.0f, -2.0f, 3.0f, 0.0f, 2.9f, 3.0f, 1.0f, 0.0f, 2.0f};
+  EXPECT_EQ(argmax(v, 10), 1);
+  std::vector<float> big(262144, -1.0f);
+  big[200001] = 5.0f;
+  big[262143] = 5.0f;
+  EXPECT_EQ(argmax(big.data(), int64_t(big.size())), 200001);
 }

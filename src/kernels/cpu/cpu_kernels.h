@@ -23,6 +23,7 @@ void add_rms_norm_avx2(float* x, const float* d, const float* w, float* y, int64
                        float eps);
 void silu_mul_avx2(const float* gate, const float* up, float* y, int64_t n);
 void gelu_tanh_mul_avx2(const float* gate, const float* up, float* y, int64_t n);
+int64_t argmax_avx2(const float* x, int64_t n);
 
 void attention_avx2(const float* q, const float* k, const float* v, float* out, int64_t n_q,
                     int64_t q_pos0, int64_t n_kv_tokens, int64_t n_heads, int64_t n_kv_heads,

@@ -60,7 +60,7 @@ void softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-int64_t argmax(const float* x, int64_t n) {
+int64_t argmax_ref(const float* x, int64_t n) {
   int64_t best = 0;
   for (int64_t i = 1; i < n; ++i)
     if (x[i] > x[best]) best = i;

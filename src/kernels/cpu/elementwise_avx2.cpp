@@ -37,4 +37,37 @@ void gelu_tanh_mul_avx2(const float* gate, const float* up, float* y, int64_t n)
   avx2_impl::gelu_tanh_mul(gate, up, y, n);
 }
 
+// The reference's answer in two passes: the largest value (MAXPS returns its second operand
+// when either is NaN, so NaNs never enter the running maximum), then the first index that holds
+// it. The scalar loop's branch on every element cost ~0.4 ms per token over Gemma 3's 262k-entry
+// vocabulary; these passes read the row at memory speed.
+int64_t argmax_avx2(const float* x, int64_t n) {
+  if (n <= 0) return 0;
+  if (!(x[0] == x[0])) return 0;  // NaN at 0: nothing compares greater (the reference)
+  __m256 m0 = _mm256_set1_ps(x[0]), m1 = m0, m2 = m0, m3 = m0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+    m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
+    m2 = _mm256_max_ps(_mm256_loadu_ps(x + i + 16), m2);
+    m3 = _mm256_max_ps(_mm256_loadu_ps(x + i + 24), m3);
+  }
+  for (; i + 8 <= n; i += 8) m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+  __m256 m = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  float best = _mm_cvtss_f32(h);
+  for (; i < n; ++i)
+    if (x[i] > best) best = x[i];
+  const __m256 b = _mm256_set1_ps(best);
+  for (i = 0; i + 8 <= n; i += 8) {
+    const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), b, _CMP_EQ_OQ));
+    if (mask) return i + __builtin_ctz(unsigned(mask));
+  }
+  for (; i < n; ++i)
+    if (x[i] == best) return i;
+  return 0;  // (not reached: best is one of the values)
+}
+
 }  // namespace kvboost::kernels::cpu
