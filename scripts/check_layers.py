@@ -33,6 +33,8 @@ RANKS = {
     # forward pass takes its K/V views from it (kvboost/kv_layout.h: KvLayout, Pager).
     "kv": 2,         # block pool, block tables, K/V layout, tiers, chunk hashing and stores (no model)
     "chat": 3,       # chat templates (Jinja subset)
+    "reuse": 3,      # chunk reuse: policy, chunk keys, prompt plans over the chunk store, the repair
+                     # ladder's cost model, the adaptive guard (uses kv and common; the engine applies it)
     "grammar": 3,    # GBNF / JSON-schema token masks (over the tokenizer's vocabulary)
     "model": 4,      # config, weight formats, architectures (arch/), forward pass over K/V views
     "gpu": 5,        # the CUDA decoder (binds a model's weight files)

@@ -1,7 +1,8 @@
 // kvboost/engine.h — the engine every interface shares: load a model directory once, then
 // generate many times (prefill the prompt, decode token by token, sample, stream text), many
 // requests at once (continuous batching over paged KV memory). Uses kvboost/model.h,
-// kvboost/kv.h, kvboost/tokenizer.h, kvboost/grammar.h; kvboost/runtime.h includes it.
+// kvboost/kv.h, kvboost/reuse.h, kvboost/tokenizer.h, kvboost/grammar.h; kvboost/runtime.h
+// includes it.
 #pragma once
 
 #include <array>
@@ -19,7 +20,7 @@
 #include "kvboost/grammar.h"
 #include "kvboost/kv.h"
 #include "kvboost/model.h"
-#include "kvboost/runtime.h"  // ReuseMode, ReusePolicy (the reuse module's; declared there for now)
+#include "kvboost/reuse.h"
 #include "kvboost/sampler.h"
 #include "kvboost/sampling.h"
 #include "kvboost/tokenizer.h"
@@ -181,10 +182,6 @@ struct EngineOptions {
   std::string guard_file;
 };
 
-class Engine;
-struct SpecDraftModel;  // speculative.cpp
-struct StepPlan;        // scheduler.h
-class ModelRunner;      // runner.h
 
 // A request in flight (continuous batching). Engine::submit creates it; Engine::step advances it.
 // done(), result() and cancel() may be called from any thread.
@@ -195,12 +192,12 @@ class Request {
   GenerateResult result() const;
   // Asks the engine to stop it at the next step (finish_reason "cancelled"; its KV is freed).
   void cancel();
-  struct State;
+  struct State;  // src/runtime/request.h (opaque here)
   explicit Request(std::unique_ptr<State> s);
   ~Request();
+  State& state() const { return *st_; }
 
  private:
-  friend class Engine;
   std::unique_ptr<State> st_;
 };
 
@@ -217,9 +214,9 @@ class Engine {
   static std::unique_ptr<Engine> load(const std::string& dir, const EngineOptions& opt = {});
   ~Engine();
 
-  const Model& model() const { return *model_; }
-  const Tokenizer& tokenizer() const { return tok_; }
-  const EngineOptions& options() const { return opt_; }
+  const Model& model() const;
+  const Tokenizer& tokenizer() const;
+  const EngineOptions& options() const;
   // Context length: max_position_embeddings.
   int64_t context_length() const;
 
@@ -245,27 +242,24 @@ class Engine {
   bool has_work() const;  // any request waiting or running
 
   kv::KvStats kv_stats() const;
-  int64_t kv_block_size() const { return block_size_; }
+  int64_t kv_block_size() const;
   // Speculative decoding totals since load (for metrics).
   struct SpecStats {
     int64_t drafted = 0, accepted = 0, passes = 0, tokens = 0;  // passes: verification passes
   };
   SpecStats spec_stats() const;
-  bool has_draft_model() const { return draft_ != nullptr; }
+  bool has_draft_model() const;
   // The model identity chunk keys are derived from (kvb1-<32 hex>, model_identity in
   // kvboost/model.h, or EngineOptions::chunk_store.model_id when that was set): the key prefix
   // for any tier that stores this engine's K/V.
-  const std::string& model_id() const { return model_id_; }
+  const std::string& model_id() const;
   // The chunk store (nullptr when disabled).
-  kv::ChunkStore* chunk_store() const { return chunks_.get(); }
+  kv::ChunkStore* chunk_store() const;
 
   // The adaptive guard's calibration (per repair mode: the last kGuardWindow lead errors, prompts
   // checked and tripped). guard_observe adds one error sample (e.g. from a benchmark that ran
   // the full prefill beside the reuse: `kvboost bench reuse --calibrate`).
-  struct GuardCalibration {
-    std::array<std::vector<float>, 4> errors;  // by ReuseMode (prefix-only: a quantized store's hits)
-    std::array<int64_t, 4> n_checked{}, n_tripped{};
-  };
+  using GuardCalibration = kvboost::GuardCalibration;  // kvboost/reuse.h
   GuardCalibration guard_calibration() const;
   void guard_observe(ReuseMode mode, float error);
   // Persistence beside the chunk store (guard_file.cpp): a text file keyed by model_id(). save
@@ -276,7 +270,7 @@ class Engine {
   // Where this engine keeps it: EngineOptions::guard_file, else DIR/guard-<model_id>.txt beside
   // the chunk store's disk tier (--chunk-store DIR), else "" (not persisted). Loaded at
   // Engine::load (a bad file: a warning on stderr, ignored), saved after each learned sample.
-  const std::string& guard_file() const { return guard_file_; }
+  const std::string& guard_file() const;
 
   // Computes and stores the chunks of a prompt (or of segments) ahead of time, pinned in RAM.
   // Returns the number of prompt tokens that were already cached.
@@ -296,57 +290,13 @@ class Engine {
   std::vector<Agreement> verify_correctness(const std::vector<std::vector<int32_t>>& prompts,
                                             const GenerateOptions& reuse_opt, int n_tokens = 8);
 
+ // The engine's state and its step (src/runtime/engine_impl.h): an opaque handle here.
+  struct Impl;
+  Impl& impl() const { return *impl_; }
+
  private:
-  Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt);
-  struct Live;
-  // step() is plan -> run -> process: schedule() (scheduler.cpp) returns the step as data, the
-  // runner_ (runner.h) executes its passes, after_logits (output.cpp) samples and streams.
-  StepPlan schedule();
-  bool admit(Request::State& r, StepPlan& plan);
-  void release(Request::State& r);
-  void finish(Request::State& r, const char* reason);
-  void fail_request(Request::State& r, const std::string& why);
-  void preempt(Request::State& r);
-  void after_logits(Request::State& r, float* logits, int32_t chosen = -1);
-  KvView view_of(Request::State& r, int64_t n_past);
-  std::unique_ptr<ModelRunner> runner_;
-  std::unique_ptr<Model> model_;
-  Tokenizer tok_;
-  EngineOptions opt_;
-  int64_t block_size_;
-  mutable std::mutex mu_;
-  std::unique_ptr<kv::KvCacheManager> kv_;
-  std::unique_ptr<kv::PagedKvStorage> store_;
-  std::unique_ptr<kv::FileColdStore> cold_;
-  std::vector<std::shared_ptr<Request>> waiting_, running_;
-  std::shared_ptr<kv::ChunkStore> chunks_;
-  std::string model_id_;
-  // speculative.cpp: drafting before the pass, acceptance after it (docs/speculative.md).
-  std::unique_ptr<SpecDraftModel> draft_;
-  SpecStats spec_totals_;
-  void spec_setup(Request::State& r);                         // at submit: resolves, validates
-  int64_t spec_plan(Request::State& r, int64_t n_decoding);  // drafts; returns their count
-  bool spec_accept(Request::State& r);  // after the pass; false: no drafts (a plain decode)
-  void spec_release(Request::State& r);
-  // The cost of a drafted row relative to the whole pass, measured: decode-only passes without
-  // drafts (by batch size) against those with drafts (speculative.cpp).
-  void spec_observe(const StepStats& ss);
-  std::array<double, 65> spec_plain_ms_{};
-  double spec_row_cost_ = 0.1;
-  // reuse.cpp: chunk lookups at admission, and storing computed chunks after the prefill.
-  void plan_reuse(Request::State& r, int64_t n_cached);
-  void store_chunks(Request::State& r);
-  bool guard_trips(Request::State& r);
-  float repaired_deviation(Request::State& r) const;
-  double guard_trip_rate(ReuseMode m) const;  // Laplace: (tripped + 1) / (checked + 2)
-  void guard_learn(Request::State& r);
-  void guard_escalate(Request::State& r, ReuseMode to);
-  ReuseMode auto_first_rung(int64_t sel_rows, int64_t span, int64_t n_new, int64_t n_approx) const;
-  // Adaptive guard: the last kGuardWindow observed lead errors per repair mode; reuse.cpp.
-  GuardCalibration guard_;
-  std::string guard_file_;
-  mutable std::mutex guard_mu_;
-  kv::SeqId next_seq_ = 1;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace kvboost

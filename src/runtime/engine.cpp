@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "engine_impl.h"
 #include "request.h"
 #include "runner.h"
 #include "scheduler.h"
@@ -30,7 +31,7 @@ GenerateResult Request::result() const {
 
 // ---- Engine ------------------------------------------------------------------------------------
 
-Engine::Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt)
+Engine::Impl::Impl(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt)
     : model_(std::move(m)), tok_(std::move(t)), opt_(opt), block_size_(opt.block_size) {
   const ModelConfig& c = model_->config();
   if (block_size_ <= 0) fail("block size ", block_size_, " must be positive");
@@ -85,7 +86,7 @@ Engine::Engine(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt)
   }
 }
 
-Engine::~Engine() = default;
+Engine::Impl::~Impl() = default;
 
 std::unique_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions& opt) {
   // A GGUF model: tokenizer files beside the .gguf win; without them, the tokenizer stored in it.
@@ -104,29 +105,29 @@ std::unique_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions
   if (tok.vocab_size() > model->config().vocab_size)
     fail(dir, ": tokenizer.json has ", tok.vocab_size(), " tokens but config.json vocab_size is ",
          model->config().vocab_size);
-  std::unique_ptr<Engine> e(new Engine(std::move(model), std::move(tok), opt));
-  if (!opt.spec.draft_model.empty()) e->draft_ = load_draft_model(opt.spec.draft_model, *e->model_, e->tok_, opt);
+  auto impl = std::make_unique<Impl>(std::move(model), std::move(tok), opt);
+  if (!opt.spec.draft_model.empty()) impl->draft_ = load_draft_model(opt.spec.draft_model, *impl->model_, impl->tok_, opt);
   else if (opt.spec.mode == SpecMode::kDraft) fail("speculative mode \"draft\" needs a draft model (--draft-model DIR)");
-  return e;
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
-int64_t Engine::context_length() const { return model_->config().max_position_embeddings; }
+int64_t Engine::Impl::context_length() const { return model_->config().max_position_embeddings; }
 
-kv::KvStats Engine::kv_stats() const {
+kv::KvStats Engine::Impl::kv_stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return kv_->stats();
 }
 
-bool Engine::has_work() const {
+bool Engine::Impl::has_work() const {
   std::lock_guard<std::mutex> lock(mu_);
   return !waiting_.empty() || !running_.empty();
 }
 
-GenerateResult Engine::generate(std::string_view prompt, const GenerateOptions& opt) {
+GenerateResult Engine::Impl::generate(std::string_view prompt, const GenerateOptions& opt) {
   return generate_ids(tok_.encode(prompt, opt.add_special), opt);
 }
 
-GenerateResult Engine::generate_ids(const std::vector<int32_t>& ids, const GenerateOptions& opt) {
+GenerateResult Engine::Impl::generate_ids(const std::vector<int32_t>& ids, const GenerateOptions& opt) {
   std::shared_ptr<Request> req = submit(ids, opt);
   while (!req->done()) step();
   GenerateResult r = req->result();
@@ -134,7 +135,7 @@ GenerateResult Engine::generate_ids(const std::vector<int32_t>& ids, const Gener
   return r;
 }
 
-std::shared_ptr<Request> Engine::submit(std::vector<int32_t> ids, GenerateOptions opt) {
+std::shared_ptr<Request> Engine::Impl::submit(std::vector<int32_t> ids, GenerateOptions opt) {
   if (ids.empty()) fail("the prompt is empty (no tokens)");
   if (opt.max_new_tokens < 0) fail("max_new_tokens = ", opt.max_new_tokens, " must be >= 0");
   const int64_t ctx = context_length();
@@ -177,12 +178,16 @@ std::shared_ptr<Request> Engine::submit(std::vector<int32_t> ids, GenerateOption
   return req;
 }
 
-KvView Engine::view_of(Request::State& r, int64_t n_past) { return runner_->view(r.seq, n_past); }
+KvView Engine::Impl::view_of(Request::State& r, int64_t n_past) { return runner_->view(r.seq, n_past); }
 
-StepStats Engine::step() {
-  using Phase = Request::State::Phase;
+StepStats Engine::Impl::step() {
   std::lock_guard<std::mutex> lock(mu_);
   StepPlan plan = schedule();
+  return execute(plan);
+}
+
+StepStats Engine::Impl::execute(StepPlan& plan) {
+  using Phase = Request::State::Phase;
   StepStats ss;
   ss.n_decode = plan.n_decode;
   ss.n_prefill_tokens = plan.n_prefill_tokens;
@@ -231,7 +236,7 @@ StepStats Engine::step() {
       fail_request(*r, e.what());
     }
   }
-  auto st = [](const std::shared_ptr<Request>& q) -> Request::State& { return *q->st_; };
+  auto st = [](const std::shared_ptr<Request>& q) -> Request::State& { return q->state(); };
   std::erase_if(running_, [&](const auto& q) { return st(q).phase == Phase::kDone; });
   ss.n_running = int64_t(running_.size());
   ss.n_waiting = int64_t(waiting_.size());

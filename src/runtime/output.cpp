@@ -1,6 +1,8 @@
 // The output stage (output.h) and the engine's bookkeeping around it.
 #include "output.h"
 
+#include "engine_impl.h"
+
 #include <algorithm>
 
 namespace kvboost {
@@ -73,7 +75,7 @@ TokenOutcome OutputProcessor::process(Request::State& r, float* logits, int32_t 
 // The request's logits are ready (end of its prefill, or a decode token): register the blocks
 // whose K/V are stored, let the output stage pick and stream the token, and decide whether the
 // request goes on. chosen >= 0: the token speculative verification picked (spec_accept).
-void Engine::after_logits(Request::State& r, float* logits, int32_t chosen) {
+void Engine::Impl::after_logits(Request::State& r, float* logits, int32_t chosen) {
   const int64_t n_kv = int64_t(r.history.size());  // tokens whose K/V are now stored
   if (r.opt.prefix_cache && r.opt.reuse.store) {
     const size_t n = size_t(std::min<int64_t>(n_kv, r.exact_limit));

@@ -84,7 +84,7 @@ struct Request::State {
   std::vector<float> logits;       // [vocab]
   std::vector<float> raw_logits;   // [vocab] copy before sampling (GenerateOptions::logprobs)
   // Chunk plan of the prompt (reuse.cpp): spans, keys, and where each chunk's K/V came from.
-  enum class ChunkSrc : uint8_t { kBlockCache, kStorePrefix, kStoreContent, kComputed };
+  using ChunkSrc = reuse::ChunkSrc;
   std::vector<kv::ChunkSpan> chunks;
   std::vector<kv::ChunkKeys> chunk_keys;
   std::vector<ChunkSrc> chunk_src;

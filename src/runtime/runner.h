@@ -1,6 +1,8 @@
 // Internal: the model runner. It executes what the scheduler planned (scheduler.h) and is the
-// engine's only code that runs the model's forward passes or copies K/V blocks: it turns a
-// plan's rows into the model's SeqBatch/KvView over the paged pools and times the passes.
+// engine's only code that runs the model's forward passes or touches K/V memory: block copies,
+// the reuse plan's chunk copy-ins (kvboost/reuse.h), reading chunks out for the chunk store and
+// the guard's probe rows. It turns a plan's rows into the model's SeqBatch/KvView over the
+// paged pools and times the passes.
 // It reads block tables from the kv manager but never allocates; with a cold tier, the view's
 // kv::Pager (kvboost/kv_layout.h) makes each attention range resident before it is read.
 #pragma once
@@ -10,6 +12,7 @@
 
 #include "kvboost/kv.h"
 #include "kvboost/model.h"
+#include "kvboost/reuse.h"
 #include "scheduler.h"
 
 namespace kvboost {
@@ -22,6 +25,16 @@ class ModelRunner {
   KvView view(kv::SeqId seq, int64_t n_past) const;
   // Copy-on-write of a shared block, all layers, K and V.
   void copy_block(const kv::CopyOp& c) { store_.copy_block(c.src, c.dst); }
+  // A reuse plan's copy-in: a stored chunk's rows into the sequence's slots, keys re-rotated
+  // from the chunk's position to the new one.
+  void copy_in(kv::SeqId seq, const reuse::CopyIn& c, const kv::ChunkShape& shape);
+  // The K/V of positions [begin, begin + len) into `out` (kv::chunk_init'ed for len tokens).
+  void read_chunk(kv::SeqId seq, int64_t begin, int64_t len, const kv::ChunkShape& shape, kv::Chunk& out);
+  // The K/V of `rows`, [row][layer][K nkv, V nkv] (the selective step's probe).
+  std::vector<float> snapshot_rows(kv::SeqId seq, std::span<const int64_t> rows) const;
+  // The mean over rows and layers of ||now - then||² / ||now||², K plus V, for a snapshot of
+  // the same rows (CacheBlend's deviation measure).
+  float deviation(kv::SeqId seq, std::span<const int64_t> rows, std::span<const float> snapshot) const;
 
   // The step's batched pass over plan.batch; returns its wall time in ms. Throws what the model
   // throws (the engine fails every request of the pass).
@@ -35,6 +48,7 @@ class ModelRunner {
   kv::PagedKvStorage& store_;
   bool cold_;
   std::vector<SeqBatch> batch_;  // scratch, reused across steps
+  std::vector<float> kbuf_, vbuf_;
 };
 
 }  // namespace kvboost

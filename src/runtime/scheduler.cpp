@@ -4,13 +4,14 @@
 // budget -- and returns it as a StepPlan (scheduler.h). It runs no forward pass.
 #include <algorithm>
 
+#include "engine_impl.h"
 #include "request.h"
 #include "runner.h"
 #include "scheduler.h"
 
 namespace kvboost {
 
-bool Engine::admit(Request::State& r, StepPlan& plan) {
+bool Engine::Impl::admit(Request::State& r, StepPlan& plan) {
   r.seq = next_seq_++;
   auto alloc = kv_->allocate_for_prompt(r.seq, r.context, r.ns);
   if (!alloc) return false;
@@ -21,7 +22,7 @@ bool Engine::admit(Request::State& r, StepPlan& plan) {
   r.todo.clear();
   r.todo_next = 0;
   for (int64_t p = alloc->n_cached; p < int64_t(r.context.size()); ++p) r.todo.push_back(int32_t(p));
-  if (!r.admitted_once) plan_reuse(r, alloc->n_cached);
+  if (!r.admitted_once) plan_reuse(r, alloc->n_cached, plan);
   if (!r.admitted_once) {
     std::lock_guard<std::mutex> lock(r.mu);
     r.t_admit = now_ms();
@@ -32,13 +33,13 @@ bool Engine::admit(Request::State& r, StepPlan& plan) {
   return true;
 }
 
-void Engine::release(Request::State& r) {
+void Engine::Impl::release(Request::State& r) {
   spec_release(r);
   if (r.seq && kv_->has_seq(r.seq)) kv_->free(r.seq);
   r.seq = 0;
 }
 
-void Engine::finish(Request::State& r, const char* reason) {
+void Engine::Impl::finish(Request::State& r, const char* reason) {
   release(r);
   {
     std::lock_guard<std::mutex> lock(r.mu);
@@ -51,7 +52,7 @@ void Engine::finish(Request::State& r, const char* reason) {
   r.done_flag = true;
 }
 
-void Engine::fail_request(Request::State& r, const std::string& why) {
+void Engine::Impl::fail_request(Request::State& r, const std::string& why) {
   {
     std::lock_guard<std::mutex> l(r.mu);
     r.res.error = why;
@@ -59,7 +60,7 @@ void Engine::fail_request(Request::State& r, const std::string& why) {
   finish(r, "error");
 }
 
-void Engine::preempt(Request::State& r) {
+void Engine::Impl::preempt(Request::State& r) {
   release(r);
   r.context = r.history;  // the pending sampled token included: its prefill logits give the next
   r.todo.clear();
@@ -71,9 +72,9 @@ void Engine::preempt(Request::State& r) {
   ++r.res.n_preempted;
 }
 
-StepPlan Engine::schedule() {
+StepPlan Engine::Impl::schedule() {
   using Phase = Request::State::Phase;
-  auto st = [](const std::shared_ptr<Request>& q) -> Request::State& { return *q->st_; };
+  auto st = [](const std::shared_ptr<Request>& q) -> Request::State& { return q->state(); };
   StepPlan plan;
   // 1. Cancelled requests leave, their KV freed.
   for (auto* list : {&running_, &waiting_}) {

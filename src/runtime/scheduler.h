@@ -11,6 +11,7 @@
 
 #include "kvboost/kv.h"
 #include "kvboost/model.h"
+#include "kvboost/reuse.h"
 #include "request.h"
 
 namespace kvboost {
@@ -52,6 +53,14 @@ struct StepPlan {
   // the copied block, so the scheduler has the runner apply them as they come; they are listed
   // here for the record (tests, traces).
   std::vector<kv::CopyOp> copies;
+  // The reuse plans' chunk copy-ins (kvboost/reuse.h) of the requests admitted in this step, in
+  // the order the runner applied them (after the copies their allocations asked for, before
+  // any pass): stored chunks into these sequences' slots, keys re-rotated.
+  struct CopyIn {
+    kv::SeqId seq = 0;
+    reuse::CopyIn op;
+  };
+  std::vector<CopyIn> copy_ins;
   // Requests whose state the scheduling changed: admitted (KV allocated, a prefill planned),
   // preempted (KV freed, back to the queue), finished (cancelled, or failed at admission or
   // for lack of KV memory).

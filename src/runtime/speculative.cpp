@@ -18,6 +18,7 @@
 
 #include "kvboost/common.h"
 #include "kvboost/kernels.h"
+#include "engine_impl.h"
 #include "request.h"
 #include "runner.h"
 
@@ -219,12 +220,12 @@ int draft_model_tokens(SpecDraftModel& d, SpecState& sp, const std::vector<int32
 
 // ---- the engine's hooks ------------------------------------------------------------------------
 
-Engine::SpecStats Engine::spec_stats() const {
+Engine::SpecStats Engine::Impl::spec_stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return spec_totals_;
 }
 
-void Engine::spec_setup(Request::State& r) {
+void Engine::Impl::spec_setup(Request::State& r) {
   SpecState& sp = r.spec;
   const SpecOptions& so = opt_.spec;
   sp.mode = r.opt.speculative.mode.value_or(so.mode);
@@ -249,7 +250,7 @@ void Engine::spec_setup(Request::State& r) {
   r.logits.resize(size_t(sp.k_max + 1) * size_t(model_->config().vocab_size));
 }
 
-int64_t Engine::spec_plan(Request::State& r, int64_t n_decoding) {
+int64_t Engine::Impl::spec_plan(Request::State& r, int64_t n_decoding) {
   SpecState& sp = r.spec;
   sp.rows.clear();
   // A grammar-constrained request does not speculate: its matcher would have to verify and roll
@@ -294,7 +295,7 @@ int64_t Engine::spec_plan(Request::State& r, int64_t n_decoding) {
   return int64_t(n);
 }
 
-bool Engine::spec_accept(Request::State& r) {
+bool Engine::Impl::spec_accept(Request::State& r) {
   using Phase = Request::State::Phase;
   SpecState& sp = r.spec;
   {
@@ -335,7 +336,7 @@ bool Engine::spec_accept(Request::State& r) {
   return true;
 }
 
-void Engine::spec_observe(const StepStats& ss) {
+void Engine::Impl::spec_observe(const StepStats& ss) {
   if (ss.n_prefill_tokens > 0 || ss.n_decode == 0) return;
   const size_t n = size_t(std::min<int64_t>(ss.n_decode, int64_t(spec_plain_ms_.size()) - 1));
   double& plain = spec_plain_ms_[n];
@@ -347,7 +348,7 @@ void Engine::spec_observe(const StepStats& ss) {
   }
 }
 
-void Engine::spec_release(Request::State& r) {
+void Engine::Impl::spec_release(Request::State& r) {
   if (draft_) draft_model_release(*draft_, r.spec);
 }
 

@@ -1,11 +1,12 @@
 // Engine::warm and Engine::verify_correctness.
 #include <cmath>
 
+#include "engine_impl.h"
 #include "request.h"
 
 namespace kvboost {
 
-int64_t Engine::warm(const std::vector<int32_t>& ids, const std::vector<int64_t>& segment_starts,
+int64_t Engine::Impl::warm(const std::vector<int32_t>& ids, const std::vector<int64_t>& segment_starts,
                      const std::string& cache_namespace) {
   GenerateOptions o;
   o.max_new_tokens = 1;
@@ -20,7 +21,7 @@ int64_t Engine::warm(const std::vector<int32_t>& ids, const std::vector<int64_t>
   return r.n_cached;
 }
 
-std::vector<int32_t> Engine::encode_segments(const std::vector<std::string>& segments, bool add_special,
+std::vector<int32_t> Engine::Impl::encode_segments(const std::vector<std::string>& segments, bool add_special,
                                              std::vector<int64_t>* starts) const {
   std::vector<int32_t> ids;
   starts->clear();
@@ -37,13 +38,13 @@ std::vector<int32_t> Engine::encode_segments(const std::vector<std::string>& seg
   return ids;
 }
 
-GenerateResult Engine::generate_segments(const std::vector<std::string>& segments, const GenerateOptions& opt) {
+GenerateResult Engine::Impl::generate_segments(const std::vector<std::string>& segments, const GenerateOptions& opt) {
   GenerateOptions o = opt;
   const std::vector<int32_t> ids = encode_segments(segments, opt.add_special, &o.segment_starts);
   return generate_ids(ids, o);
 }
 
-std::vector<Engine::Agreement> Engine::verify_correctness(const std::vector<std::vector<int32_t>>& prompts,
+std::vector<Engine::Agreement> Engine::Impl::verify_correctness(const std::vector<std::vector<int32_t>>& prompts,
                                                           const GenerateOptions& reuse_opt, int n_tokens) {
   std::vector<Agreement> out;
   for (const auto& p : prompts) out.push_back(verify_correctness(p, reuse_opt, n_tokens));
@@ -85,7 +86,7 @@ double Engine::Agreement::top1_rate() const {
   return top1.empty() ? 0 : s / double(top1.size());
 }
 
-Engine::Agreement Engine::verify_correctness(const std::vector<int32_t>& ids, const GenerateOptions& reuse_opt,
+Engine::Agreement Engine::Impl::verify_correctness(const std::vector<int32_t>& ids, const GenerateOptions& reuse_opt,
                                              int n_tokens) {
   const int64_t vocab = model_->config().vocab_size;
   std::vector<std::vector<float>> ref, got;

@@ -1,4 +1,5 @@
-// The adaptive guard's calibration on disk (Engine::save_guard_calibration / load_guard_calibration):
+// The adaptive guard's calibration on disk (reuse::Guard::save / load; the engine's
+// save_guard_calibration / load_guard_calibration):
 // what a restarted engine would otherwise relearn prompt by prompt, each sample having cost a
 // full recompute. A small text file beside the chunk store, keyed by the model identity:
 //
@@ -16,19 +17,20 @@
 #include <sstream>
 #include <unistd.h>
 
-#include "request.h"
+#include "kvboost/common.h"
+#include "kvboost/reuse.h"
 
-namespace kvboost {
+namespace kvboost::reuse {
 
 namespace {
 constexpr const char* kMagic = "kvboost-guard-calibration";
 constexpr ReuseMode kModes[] = {ReuseMode::kPrefixOnly, ReuseMode::kNone, ReuseMode::kSelective, ReuseMode::kCacheBlend};
 }  // namespace
 
-void Engine::save_guard_calibration(const std::string& path) const {
-  const GuardCalibration g = guard_calibration();
+void Guard::save(const std::string& path, const std::string& model_id) const {
+  const GuardCalibration g = calibration();
   std::ostringstream o;
-  o << kMagic << " 1\nmodel " << model_id_ << '\n';
+  o << kMagic << " 1\nmodel " << model_id << '\n';
   for (ReuseMode m : kModes) {
     const size_t i = size_t(m);
     o << "mode " << reuse_mode_name(m) << " checked " << g.n_checked[i] << " tripped " << g.n_tripped[i] << " errors "
@@ -50,7 +52,7 @@ void Engine::save_guard_calibration(const std::string& path) const {
   }
 }
 
-void Engine::load_guard_calibration(const std::string& path) {
+void Guard::load(const std::string& path, const std::string& model_id) {
   const std::string text = read_file(path);  // (Error naming the path when unreadable)
   std::istringstream in(text);
   std::string line;
@@ -75,7 +77,7 @@ void Engine::load_guard_calibration(const std::string& path) {
     auto l = next();
     std::string key, id;
     if (!(l >> key >> id) || key != "model") bad("expected \"model <id>\"");
-    if (id != model_id_) bad("calibration of model " + id + ", but this engine's model is " + model_id_);
+    if (id != model_id) bad("calibration of model " + id + ", but this engine's model is " + model_id);
   }
   GuardCalibration g;
   for (ReuseMode m : kModes) {
@@ -105,8 +107,8 @@ void Engine::load_guard_calibration(const std::string& path) {
     size_t n = 0;
     if (!(l >> key >> n) || key != "end" || n != std::size(kModes)) bad("expected \"end 4\"");
   }
-  std::lock_guard<std::mutex> lock(guard_mu_);
-  guard_ = std::move(g);
+  std::lock_guard<std::mutex> lock(mu_);
+  cal_ = std::move(g);
 }
 
-}  // namespace kvboost
+}  // namespace kvboost::reuse

@@ -1,0 +1,100 @@
+// Internal: the engine's state and its step (Engine::Impl, the opaque handle of kvboost/engine.h).
+// Engine's public methods forward here (engine_api.cpp); the runtime's files define these
+// members: engine.cpp (construction, submit, the step loop), scheduler.cpp (the plan),
+// runner.h (the passes), output.cpp (sampling and streaming), reuse.cpp (the reuse module's
+// plan applied, the guard), speculative.cpp, verify.cpp.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kvboost/engine.h"
+
+namespace kvboost {
+
+struct SpecDraftModel;  // speculative.h
+struct StepPlan;        // scheduler.h
+class ModelRunner;      // runner.h
+
+struct Engine::Impl {
+  Impl(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& opt);
+  ~Impl();
+
+  // The public API's bodies (kvboost/engine.h documents them).
+  int64_t context_length() const;
+  GenerateResult generate(std::string_view prompt, const GenerateOptions& opt);
+  GenerateResult generate_ids(const std::vector<int32_t>& prompt_ids, const GenerateOptions& opt);
+  GenerateResult generate_segments(const std::vector<std::string>& segments, const GenerateOptions& opt);
+  std::vector<int32_t> encode_segments(const std::vector<std::string>& segments, bool add_special,
+                                       std::vector<int64_t>* segment_starts) const;
+  std::shared_ptr<Request> submit(std::vector<int32_t> prompt_ids, GenerateOptions opt);
+  StepStats step();
+  bool has_work() const;
+  kv::KvStats kv_stats() const;
+  SpecStats spec_stats() const;
+  GuardCalibration guard_calibration() const;
+  void guard_observe(ReuseMode mode, float error);
+  void save_guard_calibration(const std::string& path) const;
+  void load_guard_calibration(const std::string& path);
+  int64_t warm(const std::vector<int32_t>& ids, const std::vector<int64_t>& segment_starts,
+               const std::string& cache_namespace);
+  Agreement verify_correctness(const std::vector<int32_t>& ids, const GenerateOptions& reuse_opt, int n_tokens);
+  std::vector<Agreement> verify_correctness(const std::vector<std::vector<int32_t>>& prompts,
+                                            const GenerateOptions& reuse_opt, int n_tokens);
+
+  struct Live;
+  // step() is plan -> run -> process: schedule() (scheduler.cpp) returns the step as data, the
+  // runner_ (runner.h) executes its passes, after_logits (output.cpp) samples and streams.
+  StepPlan schedule();
+  // The plan's passes (the runner), then the output stage over their logits; the guard and the
+  // chunk store after each prefill. step() = schedule() + execute() under mu_ (tests call the
+  // two on their own, single-threaded, to look at the plan in between).
+  StepStats execute(StepPlan& plan);
+  bool admit(Request::State& r, StepPlan& plan);
+  void release(Request::State& r);
+  void finish(Request::State& r, const char* reason);
+  void fail_request(Request::State& r, const std::string& why);
+  void preempt(Request::State& r);
+  void after_logits(Request::State& r, float* logits, int32_t chosen = -1);
+  KvView view_of(Request::State& r, int64_t n_past);
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<Model> model_;
+  Tokenizer tok_;
+  EngineOptions opt_;
+  int64_t block_size_;
+  mutable std::mutex mu_;
+  std::unique_ptr<kv::KvCacheManager> kv_;
+  std::unique_ptr<kv::PagedKvStorage> store_;
+  std::unique_ptr<kv::FileColdStore> cold_;
+  std::vector<std::shared_ptr<Request>> waiting_, running_;
+  std::shared_ptr<kv::ChunkStore> chunks_;
+  std::string model_id_;
+  // speculative.cpp: drafting before the pass, acceptance after it (docs/speculative.md).
+  std::unique_ptr<SpecDraftModel> draft_;
+  SpecStats spec_totals_;
+  void spec_setup(Request::State& r);                         // at submit: resolves, validates
+  int64_t spec_plan(Request::State& r, int64_t n_decoding);  // drafts; returns their count
+  bool spec_accept(Request::State& r);  // after the pass; false: no drafts (a plain decode)
+  void spec_release(Request::State& r);
+  // The cost of a drafted row relative to the whole pass, measured: decode-only passes without
+  // drafts (by batch size) against those with drafts (speculative.cpp).
+  void spec_observe(const StepStats& ss);
+  std::array<double, 65> spec_plain_ms_{};
+  double spec_row_cost_ = 0.1;
+  // reuse.cpp: chunk lookups at admission, and storing computed chunks after the prefill.
+  void plan_reuse(Request::State& r, int64_t n_cached, StepPlan& plan);
+  void store_chunks(Request::State& r);
+  bool guard_trips(Request::State& r);
+  float repaired_deviation(Request::State& r) const;
+  void guard_learn(Request::State& r);
+  void guard_escalate(Request::State& r, ReuseMode to);
+  // The adaptive guard's state (kvboost/reuse.h): the last kGuardWindow lead errors per repair.
+  reuse::Guard guard_;
+  std::string guard_file_;
+  kv::SeqId next_seq_ = 1;
+};
+
+}  // namespace kvboost
