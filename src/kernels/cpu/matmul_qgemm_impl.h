@@ -40,6 +40,13 @@ namespace kvboost::kernels::cpu::KVB_QG_NS {
 
 constexpr int kRows = 8;  // rows per panel
 
+// The tile loops below must be unrolled completely: their accumulators then live in registers
+// and the g % F tests fold away (GCC 12 at -O3 otherwise keeps a rolled, branchy loop that
+// spills the f32 sums; measured in docs/measurements/2026-12-01-qgemm-avx2.md).
+#ifndef KVB_QG_UNROLL
+#define KVB_QG_UNROLL _Pragma("GCC unroll 8")
+#endif
+
 inline float h2f(const uint8_t* p) { return f16_to_f32(uint16_t(p[0] | (uint16_t(p[1]) << 8))); }
 
 // Per-type facts: bits of u, whether Q6_K-style per-half scales are used.
@@ -237,8 +244,10 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
   const QAct& a = act.a;
   const int64_t K = a.K, nb = a.nb;
   __m256 accf[MR];
+  KVB_QG_UNROLL
   for (int t = 0; t < MR; ++t) accf[t] = _mm256_setzero_ps();
   const int8_t* xr[MR];
+  KVB_QG_UNROLL
   for (int t = 0; t < MR; ++t) xr[t] = a.q + (m0 + t) * K;
   for (int64_t b = 0; b < nb; ++b, pb += blk_bytes) {
     const float* A = reinterpret_cast<const float*>(pb + 256 * NP);
@@ -249,9 +258,12 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
 #if KVB_QG_VNNI
     if constexpr (HALVES) {
       __m256i s0[MR], s1[MR];
+      KVB_QG_UNROLL
       for (int t = 0; t < MR; ++t) s0[t] = s1[t] = _mm256_setzero_si256();
+      KVB_QG_UNROLL
       for (int g = 0; g < 8; ++g) {
         const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 32 * g));
+        KVB_QG_UNROLL
         for (int t = 0; t < MR; ++t) {
           const __m256i x = _mm256_set1_epi32(load4(xr[t] + b * 32 + 4 * g));
           if (g < 4) s0[t] = KVB_QG_DPBUSD(s0[t], w, x);
@@ -260,6 +272,7 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
       }
       const __m256 a0 = _mm256_load_ps(A), a1 = _mm256_load_ps(A + 8);
       const __m256 b0 = _mm256_load_ps(B), b1 = _mm256_load_ps(B + 8);
+      KVB_QG_UNROLL
       for (int t = 0; t < MR; ++t) {
         const __m256 dx = _mm256_broadcast_ss(a.d + (m0 + t) * nb + b);
         const float* sh = act.sh + (m0 + t) * 2 * nb + 2 * b;
@@ -271,13 +284,17 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
       continue;
     }
     __m256i s32[MR];
+    KVB_QG_UNROLL
     for (int t = 0; t < MR; ++t) s32[t] = _mm256_setzero_si256();
+    KVB_QG_UNROLL
     for (int g = 0; g < 8; ++g) {
       const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 32 * g));
+      KVB_QG_UNROLL
       for (int t = 0; t < MR; ++t)
         s32[t] = KVB_QG_DPBUSD(s32[t], w, _mm256_set1_epi32(load4(xr[t] + b * 32 + 4 * g)));
     }
     const __m256 av = _mm256_load_ps(A), bv = _mm256_load_ps(B);
+    KVB_QG_UNROLL
     for (int t = 0; t < MR; ++t) {
       const int64_t ab = (m0 + t) * nb + b;
       accf[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[t]), _mm256_mul_ps(av, _mm256_broadcast_ss(a.d + ab)), accf[t]);
@@ -290,9 +307,11 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
     __m256i s32[MR];
     if constexpr (NP == 2) {
       __m256i lo[MR], hi[MR];
+      KVB_QG_UNROLL
       for (int g = 0; g < 8; ++g) {
         const __m256i wl = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 32 * g));
         const __m256i wh = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 256 + 32 * g));
+        KVB_QG_UNROLL
         for (int t = 0; t < MR; ++t) {
           const __m256i x = _mm256_set1_epi32(load4(xr[t] + b * 32 + 4 * g));
           const __m256i pl = _mm256_maddubs_epi16(wl, x), ph = _mm256_maddubs_epi16(wh, x);
@@ -301,13 +320,17 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
         }
       }
       const __m256i sixteen = _mm256_set1_epi16(16);
+      KVB_QG_UNROLL
       for (int t = 0; t < MR; ++t)
         s32[t] = _mm256_add_epi32(_mm256_madd_epi16(lo[t], ones), _mm256_madd_epi16(hi[t], sixteen));
     } else {
       __m256i s16[MR];
+      KVB_QG_UNROLL
       for (int t = 0; t < MR; ++t) s32[t] = s16[t] = _mm256_setzero_si256();
+      KVB_QG_UNROLL
       for (int g = 0; g < 8; ++g) {
         const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 32 * g));
+        KVB_QG_UNROLL
         for (int t = 0; t < MR; ++t) {
           const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(load4(xr[t] + b * 32 + 4 * g)));
           s16[t] = g % F == 0 ? p : _mm256_add_epi16(s16[t], p);
@@ -321,6 +344,7 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
       }
     }
     const __m256 av = _mm256_load_ps(HALVES ? D : A), bv = _mm256_load_ps(B);
+    KVB_QG_UNROLL
     for (int t = 0; t < MR; ++t) {
       const int64_t ab = (m0 + t) * nb + b;
       accf[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[t]), _mm256_mul_ps(av, _mm256_broadcast_ss(a.d + ab)), accf[t]);
@@ -334,6 +358,7 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
     }
 #endif
   }
+  KVB_QG_UNROLL
   for (int t = 0; t < MR; ++t) {
     float* yr = y + (m0 + t) * N + n0;
     __m256 v = accf[t];
