@@ -93,7 +93,7 @@ inline __m256i q5_high(const uint8_t* qh) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
 }
 
-inline void decode_sub(WType wt, const uint8_t* b, int j, Sub& s) {
+[[gnu::always_inline]] inline void decode_sub(WType wt, const uint8_t* b, int j, Sub& s) {
   s.mul[0] = s.mul[1] = 1;
   s.d = 0.0f;
   auto uni = [&](float a, float bz) { s.a[0] = s.a[1] = a, s.bz[0] = s.bz[1] = bz; };
@@ -184,7 +184,10 @@ inline void transpose8(__m256i (&v)[8]) {
 }
 
 // Packs rows [n0, n0 + 8) of w (raw [N, K] blocks) into buf; rows past N are zeros.
-inline void pack_panel(const uint8_t* w, WType wt, int64_t N, int64_t K, int64_t n0, uint8_t* buf) {
+// One instance per type (WT): decode_sub's switch folds away inside the block loop.
+template <WType WT>
+void pack_panel_t(const uint8_t* w, int64_t N, int64_t K, int64_t n0, uint8_t* buf) {
+  constexpr WType wt = WT;
   const int64_t be = wtype_block_elems(wt), bb = wtype_block_bytes(wt), nb = K / 32;
   const size_t rb = size_t(K / be * bb);
   const int64_t blk = block_bytes(wt);
@@ -221,6 +224,20 @@ inline void pack_panel(const uint8_t* w, WType wt, int64_t N, int64_t K, int64_t
         _mm256_store_si256(reinterpret_cast<__m256i*>(o + 256 + 32 * g), _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4));
       }
     }
+  }
+}
+
+inline void pack_panel(const uint8_t* w, WType wt, int64_t N, int64_t K, int64_t n0, uint8_t* buf) {
+  switch (wt) {
+    case WType::Q8_0: return pack_panel_t<WType::Q8_0>(w, N, K, n0, buf);
+    case WType::Q4_0: return pack_panel_t<WType::Q4_0>(w, N, K, n0, buf);
+    case WType::Q4_Z: return pack_panel_t<WType::Q4_Z>(w, N, K, n0, buf);
+    case WType::Q5_0: return pack_panel_t<WType::Q5_0>(w, N, K, n0, buf);
+    case WType::Q4_Z128: return pack_panel_t<WType::Q4_Z128>(w, N, K, n0, buf);
+    case WType::Q4_K: return pack_panel_t<WType::Q4_K>(w, N, K, n0, buf);
+    case WType::Q5_K: return pack_panel_t<WType::Q5_K>(w, N, K, n0, buf);
+    case WType::Q6_K: return pack_panel_t<WType::Q6_K>(w, N, K, n0, buf);
+    default: return;
   }
 }
 
