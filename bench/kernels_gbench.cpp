@@ -15,7 +15,7 @@
 //       so that every call reads them from DRAM, as decode does; from 64 tokens on, one copy.
 //   Attention/<isa>/<model>/{decode,prefill}/ctx<n>   paged FlashAttention-2, blocks of 16
 //       (decode: one query at the end of n keys; prefill: n causal queries from position 0)
-//   RMSNorm|SwiGLU|RoPE/<isa>/<model>/M<tokens>   element-wise kernels (RoPE: q and k)
+//   RMSNorm|SwiGLU|GeluTanh|RoPE/<isa>/<model>/M<tokens>   element-wise kernels (RoPE: q and k)
 //   ResidualNorm/<isa>/<model>/M<tokens>/{unfused,fused}   `x += d; h = rms_norm(x)` as a loop
 //       plus rms_norm, or as add_rms_norm (one pass)
 //
@@ -167,6 +167,21 @@ void BM_RMSNorm(benchmark::State& st, const ModelShape& m, int64_t M, Isa isa) {
   rate_counters(st, 4.0 * double(2 * M * m.H + m.H), 4.0 * double(M * m.H));
 }
 
+// GELU(tanh) * up (Gemma's MLP): the scalar path is the tanhf loop the AVX2 build also ran
+// before the vector version.
+void BM_GeluTanh(benchmark::State& st, const ModelShape& m, int64_t M, Isa isa) {
+  apply_env();
+  IsaScope scope(isa);
+  const auto g = bench::randv(size_t(M * m.I), 1, 2.0f), u = bench::randv(size_t(M * m.I), 2, 1.0f);
+  std::vector<float> y(g.size());
+  for (auto _ : st) {
+    gelu_tanh_mul(g.data(), u.data(), y.data(), M * m.I);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  rate_counters(st, 4.0 * 3.0 * double(M * m.I), 0);
+}
+
 void BM_SwiGLU(benchmark::State& st, const ModelShape& m, int64_t M, Isa isa) {
   apply_env();
   IsaScope scope(isa);
@@ -294,6 +309,7 @@ void register_all() {
         tail += isa_str(isa) + "/" + m.name + "/M" + std::to_string(M);
         reg(std::string("RMSNorm") + tail, [&m, M, isa](benchmark::State& st) { BM_RMSNorm(st, m, M, isa); });
         reg(std::string("SwiGLU") + tail, [&m, M, isa](benchmark::State& st) { BM_SwiGLU(st, m, M, isa); });
+        reg(std::string("GeluTanh") + tail, [&m, M, isa](benchmark::State& st) { BM_GeluTanh(st, m, M, isa); });
         reg(std::string("RoPE") + tail, [&m, M, isa](benchmark::State& st) { BM_RoPE(st, m, M, isa); });
         for (bool fused : {false, true})
           reg(std::string("ResidualNorm") + tail + (fused ? "/fused" : "/unfused"),

@@ -3,7 +3,8 @@
 // run (min of R rounds: robust on a loaded machine), against the bf16 packed GEMM of the same
 // shape. Paths: KVBOOST_QUANT_GEMM=off (f32 dequantized panels, the earlier prefill path),
 // avx2, avxvnni / avx512vnni where the CPU has them.
-//   build/bench/quant_gemm_bench [M] [rounds]
+//   build/bench/quant_gemm_bench [M] [rounds] [qwen|gemma] [threads]
+// gemma: the Gemma 3 270M shapes instead (q 1024x640, gate/up 2048x640, o 640x1024, down 640x2048).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +48,7 @@ std::vector<uint8_t> weights(WType wt, int64_t N, int64_t K) {
 int main(int argc, char** argv) {
   const int64_t M = argc > 1 ? std::atoll(argv[1]) : 512;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 5;
+  if (argc > 4) set_num_threads(std::atoi(argv[4]));
   std::printf("M = %lld, %d threads, isa %s, best quantized GEMM %s; GFLOP/s (min time of %d rounds)\n",
               (long long)M, num_threads(), isa_name(active_isa()), quant_gemm_name(quant_gemm_path()), rounds);
   std::vector<std::string> paths = {"off", "avx2"};
@@ -57,7 +59,9 @@ int main(int argc, char** argv) {
   }
   ::unsetenv("KVBOOST_QUANT_GEMM");
   struct Shape { int64_t N, K; const char* name; };
-  const Shape shapes[] = {{4864, 896, "gate/up"}, {896, 4864, "down"}};
+  const bool gemma = argc > 3 && std::string(argv[3]) == "gemma";
+  const std::vector<Shape> shapes = gemma ? std::vector<Shape>{{1024, 640, "q"}, {2048, 640, "gate/up"}, {640, 1024, "o"}, {640, 2048, "down"}}
+                                          : std::vector<Shape>{{4864, 896, "gate/up"}, {896, 4864, "down"}};
   std::printf("| shape | type | bf16 packed |");
   for (auto& p : paths) std::printf(" %s |", p.c_str());
   std::printf("\n|---|---|---|");

@@ -219,8 +219,11 @@ void silu_mul(const float* gate, const float* up, float* y, int64_t n) {
 }
 
 void gelu_tanh_mul(const float* gate, const float* up, float* y, int64_t n) {
-  if (active_isa() >= Isa::Avx2) return cpu::gelu_tanh_mul_avx2(gate, up, y, n);
-  gelu_tanh_mul_ref(gate, up, y, n);
+  const bool avx2 = active_isa() >= Isa::Avx2;
+  parallel_for(n, 16, kEltParallelMin, [&](int64_t b, int64_t e) {
+    if (avx2) cpu::gelu_tanh_mul_avx2(gate + b, up + b, y + b, e - b);
+    else gelu_tanh_mul_ref(gate + b, up + b, y + b, e - b);
+  });
 }
 
 int64_t argmax(const float* x, int64_t n) {

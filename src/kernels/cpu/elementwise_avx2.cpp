@@ -33,8 +33,21 @@ void silu_mul_avx2(const float* gate, const float* up, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+// GELU(tanh) as g * sigmoid(2u) = g / (1 + e^-2u), u = sqrt(2/pi) (g + 0.044715 g^3)
+// (0.5 (1 + tanh u) = sigmoid(2u)), with the vector exp: the `omp simd` loop called tanhf per
+// element, which took ~a fifth of a Gemma 3 prefill (docs/measurements/2026-12-01-qgemm-avx2.md).
+// Large |g|: e^-2u saturates (+inf or 0), giving -0 or g, as the reference does.
 void gelu_tanh_mul_avx2(const float* gate, const float* up, float* y, int64_t n) {
-  avx2_impl::gelu_tanh_mul(gate, up, y, n);
+  const __m256 one = _mm256_set1_ps(1.0f), c = _mm256_set1_ps(0.044715f);
+  const __m256 m2k = _mm256_set1_ps(-2.0f * 0.79788456080286535588f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 inner = _mm256_mul_ps(_mm256_mul_ps(m2k, g), _mm256_fmadd_ps(_mm256_mul_ps(c, g), g, one));
+    const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, avx2_math::exp256(inner)));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) avx2_impl::gelu_tanh_mul(gate + i, up + i, y + i, n - i);
 }
 
 // The reference's answer in two passes: the largest value (MAXPS returns its second operand

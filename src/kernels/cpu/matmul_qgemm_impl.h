@@ -40,6 +40,13 @@ namespace kvboost::kernels::cpu::KVB_QG_NS {
 
 constexpr int kRows = 8;  // rows per panel
 
+// The tile loops below must be unrolled completely: their accumulators then live in registers
+// and the g % F tests fold away (GCC 12 at -O3 otherwise keeps a rolled, branchy loop that
+// spills the f32 sums; measured in docs/measurements/2026-12-01-qgemm-avx2.md).
+#ifndef KVB_QG_UNROLL
+#define KVB_QG_UNROLL _Pragma("GCC unroll 8")
+#endif
+
 inline float h2f(const uint8_t* p) { return f16_to_f32(uint16_t(p[0] | (uint16_t(p[1]) << 8))); }
 
 // Per-type facts: bits of u, whether Q6_K-style per-half scales are used.
@@ -86,7 +93,7 @@ inline __m256i q5_high(const uint8_t* qh) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
 }
 
-inline void decode_sub(WType wt, const uint8_t* b, int j, Sub& s) {
+[[gnu::always_inline]] inline void decode_sub(WType wt, const uint8_t* b, int j, Sub& s) {
   s.mul[0] = s.mul[1] = 1;
   s.d = 0.0f;
   auto uni = [&](float a, float bz) { s.a[0] = s.a[1] = a, s.bz[0] = s.bz[1] = bz; };
@@ -177,7 +184,10 @@ inline void transpose8(__m256i (&v)[8]) {
 }
 
 // Packs rows [n0, n0 + 8) of w (raw [N, K] blocks) into buf; rows past N are zeros.
-inline void pack_panel(const uint8_t* w, WType wt, int64_t N, int64_t K, int64_t n0, uint8_t* buf) {
+// One instance per type (WT): decode_sub's switch folds away inside the block loop.
+template <WType WT>
+void pack_panel_t(const uint8_t* w, int64_t N, int64_t K, int64_t n0, uint8_t* buf) {
+  constexpr WType wt = WT;
   const int64_t be = wtype_block_elems(wt), bb = wtype_block_bytes(wt), nb = K / 32;
   const size_t rb = size_t(K / be * bb);
   const int64_t blk = block_bytes(wt);
@@ -217,12 +227,37 @@ inline void pack_panel(const uint8_t* w, WType wt, int64_t N, int64_t K, int64_t
   }
 }
 
+inline void pack_panel(const uint8_t* w, WType wt, int64_t N, int64_t K, int64_t n0, uint8_t* buf) {
+  switch (wt) {
+    case WType::Q8_0: return pack_panel_t<WType::Q8_0>(w, N, K, n0, buf);
+    case WType::Q4_0: return pack_panel_t<WType::Q4_0>(w, N, K, n0, buf);
+    case WType::Q4_Z: return pack_panel_t<WType::Q4_Z>(w, N, K, n0, buf);
+    case WType::Q5_0: return pack_panel_t<WType::Q5_0>(w, N, K, n0, buf);
+    case WType::Q4_Z128: return pack_panel_t<WType::Q4_Z128>(w, N, K, n0, buf);
+    case WType::Q4_K: return pack_panel_t<WType::Q4_K>(w, N, K, n0, buf);
+    case WType::Q5_K: return pack_panel_t<WType::Q5_K>(w, N, K, n0, buf);
+    case WType::Q6_K: return pack_panel_t<WType::Q6_K>(w, N, K, n0, buf);
+    default: return;
+  }
+}
+
 // Activations for the kernel: QAct plus, for Q6_K, the half-block sums sh[m][2b + h] = d_x *
 // (sum of q over elements 16h .. 16h + 15 of block b).
 struct Act {
   QAct a;
   const float* sh = nullptr;
 };
+
+// Dword q of each 128-bit lane of xv in all four dwords of that lane (q: a constant once the
+// callers' loops are unrolled).
+inline __m256i quad_of(__m256i xv, int q) {
+  switch (q) {
+    case 0: return _mm256_shuffle_epi32(xv, 0x00);
+    case 1: return _mm256_shuffle_epi32(xv, 0x55);
+    case 2: return _mm256_shuffle_epi32(xv, 0xAA);
+    default: return _mm256_shuffle_epi32(xv, 0xFF);
+  }
+}
 
 inline int32_t load4(const int8_t* p) {
   int32_t v;
@@ -237,8 +272,10 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
   const QAct& a = act.a;
   const int64_t K = a.K, nb = a.nb;
   __m256 accf[MR];
+  KVB_QG_UNROLL
   for (int t = 0; t < MR; ++t) accf[t] = _mm256_setzero_ps();
   const int8_t* xr[MR];
+  KVB_QG_UNROLL
   for (int t = 0; t < MR; ++t) xr[t] = a.q + (m0 + t) * K;
   for (int64_t b = 0; b < nb; ++b, pb += blk_bytes) {
     const float* A = reinterpret_cast<const float*>(pb + 256 * NP);
@@ -249,9 +286,12 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
 #if KVB_QG_VNNI
     if constexpr (HALVES) {
       __m256i s0[MR], s1[MR];
+      KVB_QG_UNROLL
       for (int t = 0; t < MR; ++t) s0[t] = s1[t] = _mm256_setzero_si256();
+      KVB_QG_UNROLL
       for (int g = 0; g < 8; ++g) {
         const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 32 * g));
+        KVB_QG_UNROLL
         for (int t = 0; t < MR; ++t) {
           const __m256i x = _mm256_set1_epi32(load4(xr[t] + b * 32 + 4 * g));
           if (g < 4) s0[t] = KVB_QG_DPBUSD(s0[t], w, x);
@@ -260,6 +300,7 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
       }
       const __m256 a0 = _mm256_load_ps(A), a1 = _mm256_load_ps(A + 8);
       const __m256 b0 = _mm256_load_ps(B), b1 = _mm256_load_ps(B + 8);
+      KVB_QG_UNROLL
       for (int t = 0; t < MR; ++t) {
         const __m256 dx = _mm256_broadcast_ss(a.d + (m0 + t) * nb + b);
         const float* sh = act.sh + (m0 + t) * 2 * nb + 2 * b;
@@ -271,13 +312,17 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
       continue;
     }
     __m256i s32[MR];
+    KVB_QG_UNROLL
     for (int t = 0; t < MR; ++t) s32[t] = _mm256_setzero_si256();
+    KVB_QG_UNROLL
     for (int g = 0; g < 8; ++g) {
       const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 32 * g));
+      KVB_QG_UNROLL
       for (int t = 0; t < MR; ++t)
         s32[t] = KVB_QG_DPBUSD(s32[t], w, _mm256_set1_epi32(load4(xr[t] + b * 32 + 4 * g)));
     }
     const __m256 av = _mm256_load_ps(A), bv = _mm256_load_ps(B);
+    KVB_QG_UNROLL
     for (int t = 0; t < MR; ++t) {
       const int64_t ab = (m0 + t) * nb + b;
       accf[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[t]), _mm256_mul_ps(av, _mm256_broadcast_ss(a.d + ab)), accf[t]);
@@ -290,9 +335,11 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
     __m256i s32[MR];
     if constexpr (NP == 2) {
       __m256i lo[MR], hi[MR];
+      KVB_QG_UNROLL
       for (int g = 0; g < 8; ++g) {
         const __m256i wl = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 32 * g));
         const __m256i wh = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 256 + 32 * g));
+        KVB_QG_UNROLL
         for (int t = 0; t < MR; ++t) {
           const __m256i x = _mm256_set1_epi32(load4(xr[t] + b * 32 + 4 * g));
           const __m256i pl = _mm256_maddubs_epi16(wl, x), ph = _mm256_maddubs_epi16(wh, x);
@@ -301,26 +348,40 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
         }
       }
       const __m256i sixteen = _mm256_set1_epi16(16);
+      KVB_QG_UNROLL
       for (int t = 0; t < MR; ++t)
         s32[t] = _mm256_add_epi32(_mm256_madd_epi16(lo[t], ones), _mm256_madd_epi16(hi[t], sixteen));
     } else {
+      // Activation quads from one 16-byte load per half block, spread by vpshufd: a dword
+      // broadcast from memory per quad (vpbroadcastd m32) runs ~20% slower on Zen 3 (the
+      // measurement log); the weight vectors are re-read from L1 per token instead.
       __m256i s16[MR];
+      KVB_QG_UNROLL
       for (int t = 0; t < MR; ++t) s32[t] = s16[t] = _mm256_setzero_si256();
-      for (int g = 0; g < 8; ++g) {
-        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 32 * g));
+      KVB_QG_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        KVB_QG_UNROLL
         for (int t = 0; t < MR; ++t) {
-          const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(load4(xr[t] + b * 32 + 4 * g)));
-          s16[t] = g % F == 0 ? p : _mm256_add_epi16(s16[t], p);
-          if (g % F == F - 1) {
-            __m256i m;
-            if constexpr (HALVES) m = _mm256_madd_epi16(s16[t], _mm256_load_si256(reinterpret_cast<const __m256i*>(mul + 16 * (g / 4))));
-            else m = _mm256_madd_epi16(s16[t], ones);
-            s32[t] = F == 8 ? m : _mm256_add_epi32(s32[t], m);
+          const __m256i xv = _mm256_broadcastsi128_si256(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr[t] + b * 32 + 16 * h)));
+          KVB_QG_UNROLL
+          for (int q = 0; q < 4; ++q) {
+            const int g = 4 * h + q;
+            const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 32 * g));
+            const __m256i p = _mm256_maddubs_epi16(w, quad_of(xv, q));
+            s16[t] = g % F == 0 ? p : _mm256_add_epi16(s16[t], p);
+            if (g % F == F - 1) {
+              __m256i m;
+              if constexpr (HALVES) m = _mm256_madd_epi16(s16[t], _mm256_load_si256(reinterpret_cast<const __m256i*>(mul + 16 * (g / 4))));
+              else m = _mm256_madd_epi16(s16[t], ones);
+              s32[t] = F == 8 ? m : _mm256_add_epi32(s32[t], m);
+            }
           }
         }
       }
     }
     const __m256 av = _mm256_load_ps(HALVES ? D : A), bv = _mm256_load_ps(B);
+    KVB_QG_UNROLL
     for (int t = 0; t < MR; ++t) {
       const int64_t ab = (m0 + t) * nb + b;
       accf[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[t]), _mm256_mul_ps(av, _mm256_broadcast_ss(a.d + ab)), accf[t]);
@@ -334,6 +395,7 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
     }
 #endif
   }
+  KVB_QG_UNROLL
   for (int t = 0; t < MR; ++t) {
     float* yr = y + (m0 + t) * N + n0;
     __m256 v = accf[t];
