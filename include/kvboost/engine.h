@@ -103,6 +103,9 @@ struct GenerateResult {
     // fresh ones (||fresh - cached||² / ||fresh||², K and V, every layer); how much the new
     // context changed the chunks' K/V. NaN where not measured.
     float deviation = NAN;
+    // Generated tokens whose leads the guard checked on this step's K/V (guard_tokens); when
+    // the step was not kept, the last of them was the close call.
+    int64_t checked_tokens = 1;
   };
   std::vector<ReuseStep> reuse_steps;
   float first_lead = 0;                // the first token's top logit minus the runner-up's, as
@@ -110,6 +113,8 @@ struct GenerateResult {
   float guard_lead = 0;                // the threshold the guard compared it with (adaptive)
   bool approximate = false;            // the prompt's K/V were partly approximate: the guard
                                        // looked at it (first_lead, guard_lead are set)
+  int64_t n_held_discarded = 0;        // tokens decoded on approximate K/V, held back and discarded
+                                       // when a later token's lead tripped the guard (guard_tokens)
   // Speculative decoding: tokens drafted and accepted, and the decode passes (verification
   // passes included) that produced the tokens after the first.
   int64_t spec_drafted = 0, spec_accepted = 0, decode_passes = 0;
@@ -342,6 +347,9 @@ class Engine {
   void guard_learn(Request::State& r);
   void guard_escalate(Request::State& r, ReuseMode to);
   ReuseMode auto_first_rung(int64_t sel_rows, int64_t span, int64_t n_new, int64_t n_approx) const;
+  ReuseMode guard_next_rung(Request::State& r, ReuseMode rung);  // after `rung` tripped
+  // guard_tokens.cpp: a held token's lead under the threshold; escalates, discards the held tokens.
+  bool guard_hold_trips(Request::State& r);
   // Adaptive guard: the last kGuardWindow observed lead errors per repair mode; reuse.cpp.
   GuardCalibration guard_;
   std::string guard_file_;

@@ -60,6 +60,7 @@ void Engine::fail_request(Request::State& r, const std::string& why) {
 }
 
 void Engine::preempt(Request::State& r) {
+  hold_restore(r);  // held tokens decoded on approximate K/V are dropped: resumed exact, from the prompt
   release(r);
   r.context = r.history;  // the pending sampled token included: its prefill logits give the next
   r.todo.clear();
