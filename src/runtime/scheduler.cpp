@@ -39,6 +39,7 @@ void Engine::release(Request::State& r) {
 }
 
 void Engine::finish(Request::State& r, const char* reason) {
+  hold_restore(r);  // cancelled or failed while the guard held tokens: none was shown, none is in the result
   release(r);
   {
     std::lock_guard<std::mutex> lock(r.mu);

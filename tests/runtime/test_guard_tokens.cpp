@@ -233,6 +233,35 @@ TEST(GuardTokens, HeldTokensReachTheCallerOnlyAfterTheKthPassed) {
   EXPECT_EQ(n_logits, 2);
 }
 
+// Cancelled (or failed) while the guard holds tokens: none of them was shown, and none is in the
+// result.
+TEST(GuardTokens, CancelledWhileHoldingShowsNothing) {
+  KVBOOST_REQUIRE_PATH(stories());
+  auto e = Engine::load(stories(), small_chunks());
+  std::vector<int64_t> segs;
+  const auto ids = stories_prompt(*e, &segs, " Once upon a time");
+  GenerateOptions o = greedy(segs, 10);
+  o.reuse.guard_lead = 1e-6f;
+  o.reuse.guard_tokens = 6;
+  std::string streamed;
+  o.on_text = [&](std::string_view t) {
+    streamed += t;
+    return true;
+  };
+  auto req = e->submit(ids, o);
+  while (!req->done() && req->result().output_ids.size() < 3) e->step();
+  ASSERT_FALSE(req->done());
+  req->cancel();
+  while (!req->done()) e->step();
+  const GenerateResult r = req->result();
+  EXPECT_EQ(r.finish_reason, "cancelled");
+  EXPECT_TRUE(streamed.empty());
+  EXPECT_TRUE(r.output_ids.empty());
+  EXPECT_TRUE(r.text.empty());
+  EXPECT_EQ(r.n_held_discarded, 3);
+  EXPECT_FALSE(e->has_work());
+}
+
 // A close call at token j >= 2: the held tokens are discarded and the caller sees the full
 // prefill's run, token for token.
 TEST(GuardTokens, ALaterCloseCallDiscardsTheHeldTokensStories) {
