@@ -50,3 +50,28 @@ for m, ds in modes.items():
           f"{100 * fa / n:.1f}% | {100 * all_eq / n:.1f}% | {statistics.mean(n_tok):.1f} | {t:.0f} | {t_full / t:.2f}x | "
           + (", ".join(f"{k} {v}" for k, v in sorted(collections.Counter(filter(None, map(stood, ds))).items())) or "-")
           + " |")
+
+
+def late_trip(d):
+    """A step that passed the first token and tripped at a later one (the multi-token guard,
+    `--guard-tokens`): its steps entry reads e.g. "cacheblendx:2.04/1.36/t2" (token 2 tripped)."""
+    for s in d.get("steps", "-").split(">"):
+        name, _, rest = s.partition(":")
+        if name.endswith("x") and "/t" in rest:
+            return True
+    return False
+
+
+def answer_same(d, f):
+    """The answer (the text up to the next line, as the task scores it) equals the full prefill's."""
+    cut = lambda t: t.split("Answer:")[0].split("Question:")[0].strip()
+    return cut(d["text"]) == cut(f["text"])
+
+
+print("\n| mode | prompts a later guarded token escalated | answer text = full prefill's | per-prompt TTFT ratio full/mode, median |\n|---|---|---|---|")
+for m, ds in modes.items():
+    n = len(ds)
+    lt = sum(late_trip(d) for d in ds)
+    same = sum(answer_same(d, full[k]) for k, d in zip(complete, ds))
+    ratios = [float(full[k]["ttft_ms"]) / max(1e-9, float(d["ttft_ms"])) for k, d in zip(complete, ds)]
+    print(f"| {m} | {lt}/{n} | {same}/{n} | {statistics.median(ratios):.2f}x |")

@@ -5,7 +5,7 @@ against llama.cpp's `llama-server` on the same GGUF file and the same text, in t
 Documents are cut from real text (--corpus), wrapped in the Gemma chat turn, and cached in one
 order (--docs per warm-up request, every document once); each measured prompt then asks about
 one of them with --docs documents drawn in another order. Each prompt goes to both servers (the
-order alternating per prompt), max_tokens 1, greedy; the time is the client-side wall time of
+order alternating per prompt), max_tokens 1 (or --max-tokens; by default kvboost's --guard-tokens), greedy; the time is the client-side wall time of
 the request (the first token's). kvboost gets the documents as `segments` (its extension: each
 one chunked on its own, so that it is found wherever it appears); llama-server gets the same
 text joined into one prompt (and --cache-reuse, its KV-shifting reuse of chunks of the previous
@@ -85,7 +85,14 @@ def main():
     ap.add_argument("--log-dir", default="/tmp")
     ap.add_argument("--guard-risk", type=float, default=None,
                     help="kvboost's reuse.guard_risk per request (default: the server's, ReusePolicy::guard_risk)")
+    ap.add_argument("--guard-tokens", type=int, default=None,
+                    help="kvboost's reuse.guard_tokens per request (default: the server's, ReusePolicy::guard_tokens)")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="tokens per request on both servers (default: kvboost's guard_tokens, at least 1): the time "
+                         "is then to the first N tokens, which covers kvboost's held-back guard tokens honestly")
     a = ap.parse_args()
+    if a.max_tokens is None:
+        a.max_tokens = max(1, a.guard_tokens or 1)
     rng = random.Random(a.seed)
     words = words_of(a.corpus)
     at = rng.randrange(len(words))
@@ -120,12 +127,12 @@ def main():
             wait_up(ll_port, procs[1], "llama-server")
 
         def kv(segs, prompt, **extra):
-            body = {"prompt": prompt, "segments": segs, "max_tokens": 1, "temperature": 0}
+            body = {"prompt": prompt, "segments": segs, "max_tokens": a.max_tokens, "temperature": 0}
             body.update(extra)
             return post(kv_port, "/v1/completions", body)
 
         def ll(segs, prompt):
-            return post(ll_port, "/v1/completions", {"prompt": "".join(segs) + prompt, "max_tokens": 1,
+            return post(ll_port, "/v1/completions", {"prompt": "".join(segs) + prompt, "max_tokens": a.max_tokens,
                                                       "temperature": 0, "cache_prompt": True})
 
         # Cache in one order.
@@ -152,6 +159,8 @@ def main():
                     reuse = {"mode": "auto", "store": False}
                     if a.guard_risk is not None:
                         reuse["guard_risk"] = a.guard_risk
+                    if a.guard_tokens is not None:
+                        reuse["guard_tokens"] = a.guard_tokens
                     ms, out = kv(segs, prompt, reuse=reuse)
                     t_kv.append(ms)
                     escalated += bool(out.get("kvboost", {}).get("guarded", False))

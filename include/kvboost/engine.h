@@ -104,6 +104,9 @@ struct GenerateResult {
     // fresh ones (||fresh - cached||² / ||fresh||², K and V, every layer); how much the new
     // context changed the chunks' K/V. NaN where not measured.
     float deviation = NAN;
+    // Generated tokens whose leads the guard checked on this step's K/V (guard_tokens); when
+    // the step was not kept, the last of them was the close call.
+    int64_t checked_tokens = 1;
   };
   std::vector<ReuseStep> reuse_steps;
   float first_lead = 0;                // the first token's top logit minus the runner-up's, as
@@ -111,6 +114,8 @@ struct GenerateResult {
   float guard_lead = 0;                // the threshold the guard compared it with (adaptive)
   bool approximate = false;            // the prompt's K/V were partly approximate: the guard
                                        // looked at it (first_lead, guard_lead are set)
+  int64_t n_held_discarded = 0;        // tokens decoded on approximate K/V, held back and discarded
+                                       // when a later token's lead tripped the guard (guard_tokens)
   // Speculative decoding: tokens drafted and accepted, and the decode passes (verification
   // passes included) that produced the tokens after the first.
   int64_t spec_drafted = 0, spec_accepted = 0, decode_passes = 0;

@@ -82,6 +82,17 @@ struct ReusePolicy {
                                 // the request leaves no trace in any cache)
   bool pin = false;             // stored chunks stay in RAM (Engine::warm)
   std::string pin_owner;        // whose pin budget they count against (the server's tenant)
+  // Multi-token guard (src/runtime/guard_tokens.cpp): the guard checks the lead of each of the
+  // first guard_tokens generated tokens while the prompt's K/V are approximate, not only the
+  // first one's. The tokens are decoded on the approximate K/V with their text, logprobs and
+  // logits held back from the caller; when one of them is a close call the request escalates as
+  // at the first token (the ladder's next rung, else the exact recompute of the approximate
+  // span), the held tokens are discarded and decoding starts again on the new K/V. Nothing the
+  // caller has seen is ever taken back; the holding counts in ttft_ms (the first token's text
+  // reaches the caller when the K tokens have passed). A model that writes a number as a space
+  // token then digits decides the answer at the second token, which a first-token guard never
+  // sees (docs/measurements/2026-12-01-reuse-quality.md). 1: the first token only.
+  int guard_tokens = 1;
 };
 
 // The adaptive guard's threshold (ReusePolicy::guard_risk): the lead L that the error of a new
@@ -141,6 +152,9 @@ class Guard {
   // learned guard_threshold over that rung's errors when policy.guard_risk > 0.
   float threshold(ReuseMode rung, const ReusePolicy& policy) const;
   void record_check(ReuseMode rung, bool tripped);
+  // A check recorded as passed whose step tripped later (the multi-token guard: a close call at
+  // a later token): counted as tripped now.
+  void record_late_trip(ReuseMode rung);
   // How often `rung` has tripped: Laplace's rule, (tripped + 1) / (checked + 2).
   double trip_rate(ReuseMode rung) const;
   // One error sample (approximate lead minus the full prefill's) for a repair (not kAuto:

@@ -293,7 +293,7 @@ class KVBoost:
                  reuse=self.recompute_strategy, segment_starts=starts)
         known = {"min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos",
                  "prefix_cache", "cache_namespace", "repair_tokens", "blend_ratio", "guard_lead",
-                 "guard_risk", "store"}
+                 "guard_risk", "guard_tokens", "store"}
         for k, v in extra.items():
             if k not in known:
                 raise InvalidRequestError(f"generate: unknown option {k!r} (known: {', '.join(sorted(known))})")

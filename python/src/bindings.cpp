@@ -117,6 +117,7 @@ GenerateOptions to_options(const py::dict& d) {
   if (auto v = get("blend_ratio"); !v.is_none()) o.reuse.blend_ratio = v.cast<float>();
   if (auto v = get("guard_lead"); !v.is_none()) o.reuse.guard_lead = v.cast<float>();
   if (auto v = get("guard_risk"); !v.is_none()) o.reuse.guard_risk = v.cast<float>();
+  if (auto v = get("guard_tokens"); !v.is_none()) o.reuse.guard_tokens = v.cast<int>();
   if (auto v = get("store"); !v.is_none()) o.reuse.store = v.cast<bool>();
   if (auto v = get("segment_starts"); !v.is_none()) o.segment_starts = v.cast<std::vector<int64_t>>();
   return o;

@@ -196,6 +196,11 @@ void add_repair_options(CLI::App* c, ReusePolicy& p) {
                 "estimated from the errors the guard has seen; the threshold starts at --guard-lead (0: fixed --guard-lead)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  c->add_option("--guard-tokens", p.guard_tokens,
+                "Guard the first N generated tokens, not only the first: held back until each leads by the threshold, "
+                "else the prompt escalates and they are discarded (1: the first token only)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   c->add_option("--check-layer", p.blend_check_layer, "cacheblend: layer whose K/V deviation selects the tokens")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

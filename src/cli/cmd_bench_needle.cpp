@@ -138,6 +138,9 @@ struct ModeRow {
   std::map<std::string, std::pair<int, int>> by_where;  // correct, asked
   std::vector<double> ttft, match;
   std::map<std::string, int> kept_at;  // the repair that stood (auto's ladder)
+  int guard_tokens = 0;                // MODE:tN: this row's ReusePolicy::guard_tokens (0: --guard-tokens)
+  float guard_risk = -1;               // MODE:rX: this row's guard_risk (< 0: --guard-risk)
+  int64_t held_discarded = 0;          // tokens the multi-token guard decoded and discarded
 };
 
 }  // namespace
@@ -262,7 +265,18 @@ void run_needle(const NeedleArgs& a) {
       if (m.empty()) continue;
       ModeRow row;
       row.name = m;
-      row.mode = parse_reuse_mode(m);
+      // MODE[:tN][:rX]: per-row guard settings (several guards compared on the same prompts)
+      std::string base = m;
+      for (size_t c = m.find(':'); c != std::string::npos;) {
+        const size_t c2 = m.find(':', c + 1);
+        const std::string opt = m.substr(c + 1, (c2 == std::string::npos ? m.size() : c2) - c - 1);
+        if (opt.size() < 2 || (opt[0] != 't' && opt[0] != 'r')) fail("--modes ", m, ": unknown setting \"", opt, "\" (tN: guard tokens, rX: guard risk)");
+        if (opt[0] == 't') row.guard_tokens = std::stoi(opt.substr(1));
+        else row.guard_risk = std::stof(opt.substr(1));
+        if (base.size() > c) base = m.substr(0, m.find(':'));
+        c = c2;
+      }
+      row.mode = parse_reuse_mode(base);
       rows.push_back(row);
     }
   }
@@ -320,6 +334,8 @@ void run_needle(const NeedleArgs& a) {
       o.segment_starts = segs;
       o.reuse = a.repair;
       o.reuse.mode = rows[m].mode;
+      if (rows[m].guard_tokens > 0) o.reuse.guard_tokens = rows[m].guard_tokens;
+      if (rows[m].guard_risk >= 0) o.reuse.guard_risk = rows[m].guard_risk;
       o.reuse.store = false;
       o.prefix_cache = rows[m].cache;
       o.on_logits = [&first, m](const float* l, int64_t v) {
@@ -339,6 +355,7 @@ void run_needle(const NeedleArgs& a) {
       row.all_agree += all;
       row.by_where[f.where].first += ok, row.by_where[f.where].second += 1;
       row.ttft.push_back(g.ttft_ms);
+      row.held_discarded += g.n_held_discarded;
       row.match.push_back(double(same));
       std::string steps;
       for (const auto& s : g.reuse_steps) {
@@ -346,6 +363,7 @@ void run_needle(const NeedleArgs& a) {
         if (s.repair != "recompute") {
           std::snprintf(b, sizeof b, ":%.2f/%.2f", double(s.lead), double(s.limit));
           if (!std::isnan(s.deviation)) std::snprintf(b + std::strlen(b), sizeof b - std::strlen(b), "/d%.4f", double(s.deviation));
+          if (s.checked_tokens > 1) std::snprintf(b + std::strlen(b), sizeof b - std::strlen(b), "/t%lld", (long long)s.checked_tokens);
         }
         steps += (steps.empty() ? "" : ">") + s.repair + (s.kept ? "" : "x") + b;
       }
@@ -395,6 +413,9 @@ void run_needle(const NeedleArgs& a) {
                 pct(row.first_agree, row.n), pct(row.all_agree, row.n), mean(row.match), median(row.ttft), mean(row.ttft),
                 full_mean / std::max(1e-9, mean(row.ttft)), kept.empty() ? "-" : kept.c_str());
   }
+  for (const ModeRow& row : rows)
+    if (row.held_discarded > 0)
+      std::printf("%s: %lld held tokens discarded (a later token's lead tripped the guard)\n", row.name.c_str(), (long long)row.held_discarded);
   std::printf("\n");
   if (!a.calibrate.empty()) save_calibration(*e, a.calibrate);
   std::fflush(stdout);

@@ -519,7 +519,8 @@ void add_bench_reuse(CLI::App* bench) {
     for (const char* m : {"prefix", "none", "selective", "cacheblend", "auto"})
       if (a->modes.find(m) != std::string::npos && (std::string(m) != "none" || a->modes != Args{}.modes))
         modes += (modes.empty() ? "" : ",") + std::string(m);
-    n.modes = modes;
+    // A list given by hand goes as it is (run_needle checks the names; MODE:tN:rX rows).
+    n.modes = a->modes != Args{}.modes ? a->modes : modes;
     run_needle(n);
   });
 }

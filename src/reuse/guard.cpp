@@ -100,6 +100,12 @@ void Guard::record_check(ReuseMode rung, bool tripped) {
   cal_.n_tripped[i] += tripped;
 }
 
+void Guard::record_late_trip(ReuseMode rung) {
+  const size_t i = mode_index(rung);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++cal_.n_tripped[i];
+}
+
 double Guard::trip_rate(ReuseMode rung) const {
   const size_t i = mode_index(rung);
   std::lock_guard<std::mutex> lock(mu_);

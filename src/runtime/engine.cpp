@@ -209,8 +209,10 @@ StepStats Engine::Impl::execute(StepPlan& plan) {
       r.todo_next += plan.batch[i].tokens.size();
       if (r.todo_next < r.todo.size() || guard_trips(r)) continue;
       r.history = r.context;  // (a resumed request's context is its history)
-      if (r.res.output_ids.empty()) store_chunks(r);
+      if (r.res.output_ids.empty() && !r.hold.active) store_chunks(r);
     } else if (spec_accept(r)) {  // speculation: the drafts verified (decode)
+      continue;
+    } else if (guard_hold_trips(r)) {  // a held token was a close call: escalated (guard_tokens.cpp)
       continue;
     }
     after_logits(r, r.logits.data());
@@ -230,7 +232,7 @@ StepStats Engine::Impl::execute(StepPlan& plan) {
       r->blend_rows = bs.n_rows_late;
       if (guard_trips(*r)) continue;
       r->history = r->context;
-      store_chunks(*r);
+      if (!r->hold.active) store_chunks(*r);
       after_logits(*r, r->logits.data());
     } catch (const std::exception& e) {
       fail_request(*r, e.what());

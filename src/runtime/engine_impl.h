@@ -91,6 +91,9 @@ struct Engine::Impl {
   float repaired_deviation(Request::State& r) const;
   void guard_learn(Request::State& r);
   void guard_escalate(Request::State& r, ReuseMode to);
+  ReuseMode guard_next_rung(Request::State& r, ReuseMode rung);  // after `rung` tripped
+  // guard_tokens.cpp: a held token's lead under the threshold; escalates, discards the held tokens.
+  bool guard_hold_trips(Request::State& r);
   // The adaptive guard's state (kvboost/reuse.h): the last kGuardWindow lead errors per repair.
   reuse::Guard guard_;
   std::string guard_file_;

@@ -9,7 +9,12 @@ namespace kvboost {
 
 TokenOutcome OutputProcessor::process(Request::State& r, float* logits, int32_t chosen) const {
   TokenOutcome o;
-  if (r.opt.on_logits) r.opt.on_logits(logits, vocab);
+  // The multi-token guard holds what the caller would see until the token is final (guard_tokens.cpp).
+  GuardHold::Token* held = r.hold.active ? &r.hold.held.emplace_back() : nullptr;
+  if (r.opt.on_logits) {
+    if (held) held->logits.assign(logits, logits + vocab);
+    else r.opt.on_logits(logits, vocab);
+  }
   // The sampler's penalties change logits in place; log-probabilities are of the raw ones.
   if (r.opt.logprobs >= 0) r.raw_logits.assign(logits, logits + vocab);
   const bool forced = chosen < 0 && r.forced_next < r.opt.forced_output.size();
@@ -29,7 +34,10 @@ TokenOutcome OutputProcessor::process(Request::State& r, float* logits, int32_t 
   if (r.opt.logprobs >= 0) {
     TokenLogprob lp = token_logprob(r.raw_logits.data(), vocab, tok, r.opt.logprobs);
     lp.prev = r.history.empty() ? -1 : r.history.back();  // (tok joins the history below)
-    if (r.opt.on_logprob) r.opt.on_logprob(lp);
+    if (r.opt.on_logprob) {
+      if (held) held->lp = lp;
+      else r.opt.on_logprob(lp);
+    }
     std::lock_guard<std::mutex> lock(r.mu);
     r.res.logprobs.push_back(std::move(lp));
   }
@@ -66,7 +74,8 @@ TokenOutcome OutputProcessor::process(Request::State& r, float* logits, int32_t 
       std::lock_guard<std::mutex> lock(r.mu);
       r.res.text += text;
     }
-    if (r.opt.on_text && !r.opt.on_text(text)) o.cancelled = true;
+    if (held) held->text = text;
+    else if (r.opt.on_text && !r.opt.on_text(text)) o.cancelled = true;
   }
   o.end = end;
   return o;
@@ -82,7 +91,11 @@ void Engine::Impl::after_logits(Request::State& r, float* logits, int32_t chosen
     kv_->commit_full_blocks(r.seq, std::span<const int32_t>(r.history.data(), n));
   }
   const OutputProcessor out{model_->config().vocab_size, context_length(), chunks_.get()};
-  const TokenOutcome o = out.process(r, logits, chosen);
+  TokenOutcome o = out.process(r, logits, chosen);
+  if (r.hold.active && !o.error && (o.end || r.hold.n_checked >= r.hold.k)) {  // the held tokens passed
+    if (!hold_release(r)) o.cancelled = true;
+    store_chunks(r);  // (not stored while they might still be discarded)
+  }
   if (o.error) {
     finish(r, "error");
     return;

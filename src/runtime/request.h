@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "kvboost/runtime.h"
+#include "guard_tokens.h"
 #include "speculative.h"
 
 namespace kvboost {
@@ -89,6 +90,7 @@ struct Request::State {
   std::vector<kv::ChunkKeys> chunk_keys;
   std::vector<ChunkSrc> chunk_src;
   SpecState spec;                  // speculative decoding (speculative.cpp)
+  GuardHold hold;                  // the multi-token guard's held tokens (guard_tokens.cpp)
   size_t forced_next = 0;          // next token of opt.forced_output
   double t_submit = 0, t_admit = 0, t_first = 0;
 };

@@ -143,10 +143,18 @@ bool Engine::Impl::guard_trips(Request::State& r) {
     r.res.reuse_steps.push_back({reuse_mode_name(rung), r.blend ? r.blend_rows : int64_t(r.todo.size()), lead, limit, !trip, deviation});
   }
   if (!trip) {
-    r.approx = false;
+    // guard_tokens > 1: the next tokens are checked too, held back until they pass (guard_tokens.cpp)
+    if (p.guard_tokens > 1 && limit > 0) hold_begin(r, p.guard_tokens, limit);
+    else r.approx = false;
     return false;
   }
   r.guard_checks.push_back({rung, {ia, ib}, lead});
+  guard_escalate(r, guard_next_rung(r, rung));
+  return true;
+}
+
+ReuseMode Engine::Impl::guard_next_rung(Request::State& r, ReuseMode rung) {
+  const ReusePolicy& p = r.opt.reuse;
   // auto after selective: the CacheBlend step only when it is worth its cost, c_blend + p_blend
   // c_full < c_full (p_blend: how often that step has tripped). A guard strict enough that
   // CacheBlend rarely stands would otherwise pay for it on top of the recompute on every
@@ -160,8 +168,7 @@ bool Engine::Impl::guard_trips(Request::State& r) {
                                guard_.trip_rate(ReuseMode::kCacheBlend)))
       to = ReuseMode::kCacheBlend;
   }
-  guard_escalate(r, to);
-  return true;
+  return to;
 }
 
 // to: kCacheBlend (the ladder's middle step) or kPrefixOnly (the exact recompute of the span).

@@ -40,6 +40,7 @@ void Engine::Impl::release(Request::State& r) {
 }
 
 void Engine::Impl::finish(Request::State& r, const char* reason) {
+  hold_restore(r);  // cancelled or failed while the guard held tokens: none was shown, none is in the result
   release(r);
   {
     std::lock_guard<std::mutex> lock(r.mu);
@@ -61,6 +62,7 @@ void Engine::Impl::fail_request(Request::State& r, const std::string& why) {
 }
 
 void Engine::Impl::preempt(Request::State& r) {
+  hold_restore(r);  // held tokens decoded on approximate K/V are dropped: resumed exact, from the prompt
   release(r);
   r.context = r.history;  // the pending sampled token included: its prefill logits give the next
   r.todo.clear();

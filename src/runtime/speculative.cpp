@@ -255,7 +255,8 @@ int64_t Engine::Impl::spec_plan(Request::State& r, int64_t n_decoding) {
   sp.rows.clear();
   // A grammar-constrained request does not speculate: its matcher would have to verify and roll
   // back drafts, which it does not do yet.
-  if (sp.mode == SpecMode::kOff || r.matcher || n_decoding > opt_.spec.max_batch) return 0;
+  // Nor does one whose first tokens the guard holds (guard_tokens.cpp: one token per check).
+  if (sp.mode == SpecMode::kOff || r.matcher || r.hold.active || n_decoding > opt_.spec.max_batch) return 0;
   // Drafts never run past max_new_tokens or the context: k drafts emit up to k + 1 tokens.
   const int64_t left = std::min<int64_t>(int64_t(r.opt.max_new_tokens) - int64_t(r.res.output_ids.size()) - 1,
                                          context_length() - int64_t(r.history.size()));

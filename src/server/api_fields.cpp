@@ -187,6 +187,7 @@ void parse_common(const ojson& body, const ApiContext& ctx, ParsedRequest& p) {
       if (auto n = get_int(*r, "blend_taper_layers", 1, 1 << 10)) p.opt.reuse.blend_taper_layers = *n;
       if (auto f = get_number(*r, "guard_lead", 0.0, 1e9)) p.opt.reuse.guard_lead = float(*f);
       if (auto f = get_number(*r, "guard_risk", 0.0, 1.0)) p.opt.reuse.guard_risk = float(*f);
+      if (auto n = get_int(*r, "guard_tokens", 1, 64)) p.opt.reuse.guard_tokens = int(*n);
       if (auto b = get_bool(*r, "store")) p.opt.reuse.store = *b;
     } else {
       bad(std::string("'reuse' must be a string (auto | prefix | none | selective | cacheblend) or an object, got ") +
