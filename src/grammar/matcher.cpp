@@ -8,12 +8,12 @@
 
 #include "kvboost/grammar.h"
 #include "utf8_state.h"
+#include "walk.h"
 
 namespace kvboost::grammar {
 namespace {
 
 using Stack = std::vector<uint32_t>;
-using Stacks = std::vector<Stack>;
 
 bool end_of_seq(const Grammar& g, uint32_t pos) {
   const Op op = g.elems[pos].op;
@@ -103,6 +103,12 @@ bool class_accepts_range(const Grammar& g, uint32_t pos, uint32_t lo, uint32_t h
 }
 
 }  // namespace
+
+void detail::expand_stack(const Grammar& g, std::vector<uint32_t> stack, Stacks& out) {
+  out.clear();
+  advance_stack(g, std::move(stack), out);
+  std::sort(out.begin(), out.end());
+}
 
 std::vector<std::vector<uint32_t>> initial_stacks(const Grammar& g) {
   Stacks out;
