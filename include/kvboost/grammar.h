@@ -122,6 +122,10 @@ class TokenVocab {
     uint32_t lo = 0, hi = 0;
     bool non_ascii = false;
     uint16_t depth = 0;  // the longest token below, in bytes after the node's prefix
+    // Every token below is well-formed UTF-8 (a character cut at its end may still become a
+    // valid one): its non-ASCII bytes then only form characters, and a state that takes every
+    // non-ASCII character to one set can accept the subtree whole (chains over code points).
+    bool utf8_ok = false;
   };
   const std::vector<Below>& below() const { return below_; }
   const std::vector<int32_t>& sorted_ids() const { return sorted_ids_; }

@@ -148,6 +148,11 @@ TokenVocab::TokenVocab(std::vector<std::string> token_bytes) : bytes_(std::move(
       b.depth = uint16_t(std::min<int>(0xFFFF, std::max<int>(b.depth, below_[c].depth + 1)));
     }
   }
+  // Well-formed tokens, counted along the byte order, so that a node's range says at once
+  // whether every token below it is.
+  std::vector<uint32_t> n_bad(order.size() + 1, 0);
+  for (size_t k = 0; k < order.size(); ++k) n_bad[k + 1] = n_bad[k] + (utf8::well_formed(bytes_[size_t(order[k])]) ? 0 : 1);
+  for (Below& b : below_) b.utf8_ok = n_bad[b.hi] == n_bad[b.lo];
   sorted_ids_ = std::move(order);
 }
 

@@ -26,6 +26,9 @@ struct CompiledGrammar::WalkMemo {
   static constexpr int32_t kUnknown = -2;  // (-1: rejected)
   std::deque<Stacks> sets;                           // interned stack sets, by id
   std::vector<uint8_t> has_empty;                    // per set: it holds the empty stack
+  // Per set: where every non-ASCII character takes it, when that is one set (kMixed: not).
+  static constexpr int32_t kMixed = -3;
+  std::vector<int32_t> non_ascii;
   std::unordered_map<std::string, int32_t> set_ids;  // serialized set -> id
   std::vector<std::array<int32_t, 128>> ascii;       // per set: ASCII byte -> set
   std::unordered_map<uint64_t, int32_t> step;        // (id, non-ASCII cp) -> set
@@ -58,6 +61,9 @@ struct CompiledGrammar::WalkMemo {
 namespace detail {
 
 using WalkMemo = CompiledGrammar::WalkMemo;
+
+// A class (at `pos`) over the non-ASCII scalar values: 0 takes none, 1 takes all, 2 some.
+int class_non_ascii(const Grammar& g, uint32_t pos);
 
 struct Walker {
   const Grammar& g;
@@ -140,6 +146,37 @@ struct Walker {
     return true;
   }
 
+  // The set that every non-ASCII character takes set `id` to, when each stack's top class holds
+  // all of them or none (a JSON string's body, [^...] classes); WalkMemo::kMixed otherwise.
+  int32_t non_ascii_step(int32_t id) {
+    if (m.non_ascii[size_t(id)] != WalkMemo::kUnknown) return m.non_ascii[size_t(id)];
+    bool uniform = true;
+    for (const auto& s : m.sets[size_t(id)])
+      if (!s.empty() && class_non_ascii(g, s.back()) == 2) uniform = false;
+    const int32_t r = uniform ? advance(id, 0x80) : WalkMemo::kMixed;  // (may grow m.non_ascii)
+    m.non_ascii[size_t(id)] = r;
+    return r;
+  }
+  // Whether every token below a node whose subtree has non-ASCII bytes (all well-formed UTF-8)
+  // is accepted from `id`: as loops_over / chain_accepts, with every non-ASCII character
+  // leading where the level's ASCII bytes do. A character spans several levels, so a token has
+  // at most as many characters as the chain is long; one cut short at the end is accepted by a
+  // set that takes every non-ASCII character somewhere.
+  bool non_ascii_accepts(int32_t id, const TokenVocab::Below& b) {
+    if (non_ascii_step(id) == id && loops_over(id, b)) return true;
+    const bool ascii = b.ascii[0] | b.ascii[1];
+    for (int d = 0; d < b.depth; ++d) {
+      const int32_t na = non_ascii_step(id);
+      if (na < 0) return false;
+      if (ascii) {
+        const WalkMemo::Uniform& u = uniform(id);
+        if (u.target != na || (b.ascii[0] & ~u.bits[0]) || (b.ascii[1] & ~u.bits[1])) return false;
+      }
+      id = na;
+    }
+    return true;
+  }
+
   static std::string key_of(const Stacks& st) {
     std::string k;
     for (const auto& s : st) {
@@ -154,6 +191,7 @@ struct Walker {
     if (added) {
       m.sets.push_back(st);
       m.has_empty.push_back(!st.empty() && st.front().empty());  // (sets are sorted: [] first)
+      m.non_ascii.push_back(WalkMemo::kUnknown);
       std::array<int32_t, 128> row;
       row.fill(WalkMemo::kUnknown);
       m.ascii.push_back(row);
@@ -226,7 +264,7 @@ struct Walker {
       const TokenVocab::Node& cn = v.nodes()[c];
       if (qleft == 0 && cn.n_children && use_subtrees) {
         const TokenVocab::Below& bl = v.below()[c];
-        if (!bl.non_ascii && (loops_over(next, bl) || chain_accepts(next, bl))) {
+        if (bl.non_ascii ? bl.utf8_ok && non_ascii_accepts(next, bl) : loops_over(next, bl) || chain_accepts(next, bl)) {
           for (uint32_t t = bl.lo; t < bl.hi; ++t) {
             const int32_t id = v.sorted_ids()[t];
             bits[size_t(id) >> 5] |= 1u << (id & 31);

@@ -137,8 +137,9 @@ TEST(Split, MasksEqualThePerStateWalkBitForBit) {
 TEST(Split, DefaultModeIsTheSplitAndWalkModeHasNoTable) {
   auto g = parse_gbnf(json_gbnf());
   const auto v = mixed_vocab(600, 3);
-  if (const char* e = std::getenv("KVBOOST_GRAMMAR_SPLIT"); !(e && std::string(e) == "0"))
+  if (const char* e = std::getenv("KVBOOST_GRAMMAR_SPLIT"); !(e && std::string(e) == "0")) {
     EXPECT_GT(CompiledGrammar(g, v).cache_stats().split_entries, 0);
+  }
   EXPECT_EQ(CompiledGrammar(g, v, MaskMode::kWalk).cache_stats().split_entries, 0);
   const auto st = CompiledGrammar(g, v, MaskMode::kSplit).cache_stats();
   EXPECT_GT(st.split_entries, 0);
