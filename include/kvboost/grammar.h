@@ -122,6 +122,10 @@ class TokenVocab {
     uint32_t lo = 0, hi = 0;
     bool non_ascii = false;
     uint16_t depth = 0;  // the longest token below, in bytes after the node's prefix
+    // Every token below is well-formed UTF-8 (a character cut at its end may still become a
+    // valid one): its non-ASCII bytes then only form characters, and a state that takes every
+    // non-ASCII character to one set can accept the subtree whole (chains over code points).
+    bool utf8_ok = false;
   };
   const std::vector<Below>& below() const { return below_; }
   const std::vector<int32_t>& sorted_ids() const { return sorted_ids_; }
@@ -138,9 +142,22 @@ class TokenVocab {
 
 // A grammar bound to a vocabulary, with the per-state mask cache that every matcher of it
 // shares (thread-safe).
+//
+// Masks of new states come from a per-position table built at compile time (XGrammar's split,
+// Dong et al. 2024): for each stack top, and where needed a few positions below it, the tokens
+// accepted whatever lies deeper in the stack are stored as a mask; only the rest (tokens that
+// finish the known part of the stack mid-token) are checked against the real stack, resuming
+// below it. kWalk walks the vocabulary trie from every new state instead (the reference, and
+// the path for a state that ends inside a UTF-8 character).
+enum class MaskMode : uint8_t {
+  kDefault,  // kSplit, or kWalk when the environment has KVBOOST_GRAMMAR_SPLIT=0
+  kSplit,
+  kWalk,
+};
 class CompiledGrammar {
  public:
-  CompiledGrammar(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenVocab> v);
+  CompiledGrammar(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenVocab> v,
+                  MaskMode mode = MaskMode::kDefault);
   ~CompiledGrammar();
   const Grammar& grammar() const { return *g_; }
   const TokenVocab& vocab() const { return *v_; }
@@ -151,11 +168,17 @@ class CompiledGrammar {
   struct CacheStats {
     int64_t hits = 0, misses = 0, entries = 0;
     int64_t subtrees = 0;  // trie subtrees accepted whole by the walks (TokenVocab::Below)
+    // The split table (MaskMode::kSplit): entries (stack suffixes) built at compile time and
+    // later (suffixes the compile-time enumeration did not foresee), the compile time, and the
+    // tokens checked against a real stack by new states' masks.
+    int64_t split_entries = 0, split_late = 0, split_checked = 0;
+    double split_compile_ms = 0;
   };
   CacheStats cache_stats() const;
   // The mask walks' memo of stack sets and their transitions, kept across walks so that a new
   // state's walk finds the transitions earlier walks computed (opaque; mask.cpp).
   struct WalkMemo;
+  struct SplitTable;  // split.cpp
 
  private:
   friend class Matcher;
@@ -166,6 +189,9 @@ class CompiledGrammar {
   mutable int64_t hits_ = 0, misses_ = 0, subtrees_ = 0;
   mutable std::mutex walk_mu_;  // guards memo_
   mutable std::unique_ptr<WalkMemo> memo_;
+  mutable std::unique_ptr<SplitTable> split_;  // null: MaskMode::kWalk; guarded by walk_mu_
+  // The split mask of a state (no partial character), into `bits`; walk_mu_ held (split.cpp).
+  void split_mask(const std::vector<std::vector<uint32_t>>& stacks, std::vector<uint32_t>& bits) const;
 };
 
 // Per-request matcher state. Copyable (a copy is an independent state); accept() keeps an undo

@@ -12,7 +12,7 @@
 #include <map>
 
 #include "kvboost/grammar.h"
-#include "utf8_state.h"
+#include "walk.h"
 
 namespace kvboost::grammar {
 
@@ -148,6 +148,11 @@ TokenVocab::TokenVocab(std::vector<std::string> token_bytes) : bytes_(std::move(
       b.depth = uint16_t(std::min<int>(0xFFFF, std::max<int>(b.depth, below_[c].depth + 1)));
     }
   }
+  // Well-formed tokens, counted along the byte order, so that a node's range says at once
+  // whether every token below it is.
+  std::vector<uint32_t> n_bad(order.size() + 1, 0);
+  for (size_t k = 0; k < order.size(); ++k) n_bad[k + 1] = n_bad[k] + (utf8::well_formed(bytes_[size_t(order[k])]) ? 0 : 1);
+  for (Below& b : below_) b.utf8_ok = n_bad[b.hi] == n_bad[b.lo];
   sorted_ids_ = std::move(order);
 }
 
@@ -171,11 +176,6 @@ std::shared_ptr<const TokenVocab> TokenVocab::of(const Tokenizer& tok) {
 
 // ---- compiled grammars and masks ---------------------------------------------------------------
 
-CompiledGrammar::CompiledGrammar(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenVocab> v)
-    : g_(std::move(g)), v_(std::move(v)) {
-  if (!g_ || !v_) fail("CompiledGrammar: grammar and vocabulary are required");
-}
-
 std::shared_ptr<const CompiledGrammar> CompiledGrammar::get(const std::string& gbnf, std::shared_ptr<const TokenVocab> v) {
   static std::mutex mu;
   static std::list<std::pair<std::pair<std::string, const TokenVocab*>, std::shared_ptr<const CompiledGrammar>>> lru;
@@ -195,211 +195,8 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::get(const std::string& g
   return cg;
 }
 
-CompiledGrammar::CacheStats CompiledGrammar::cache_stats() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return {hits_, misses_, int64_t(cache_.size()), subtrees_};
-}
 
-namespace {
-
-using Stacks = std::vector<std::vector<uint32_t>>;
-
-}  // namespace
-
-// The walks' memo: interned stack sets and (set, code point) -> set, so that the matcher runs
-// once per distinct transition instead of once per trie node (a state inside a JSON string maps
-// almost every character back to one or two sets, and the ~1M nodes of a 262k vocabulary become
-// table lookups). It is kept across walks: the walk from a bounded string's k-th character
-// computes the transitions of the (k+1)-th, which the next state's walk then only looks up.
-// ASCII transitions are a dense table per set; other code points a hash map.
-struct CompiledGrammar::WalkMemo {
-  static constexpr int32_t kUnknown = -2;  // (-1: rejected)
-  std::deque<Stacks> sets;                           // interned stack sets, by id
-  std::unordered_map<std::string, int32_t> set_ids;  // serialized set -> id
-  std::vector<std::array<int32_t, 128>> ascii;       // per set: ASCII byte -> set
-  std::unordered_map<uint64_t, int32_t> step;        // (id, non-ASCII cp) -> set
-  std::unordered_map<uint64_t, bool> partial_ok;     // (id, lo) -> a partial char may continue
-  // Per set: the ASCII characters known to map it back to itself (a JSON string's body, a
-  // pattern's repeated class), and those tested.
-  struct Loops {
-    uint64_t known[2] = {0, 0}, yes[2] = {0, 0};
-  };
-  std::vector<Loops> loops;
-  // Per set: the ASCII bytes that all lead to one set (the most common accepting target), so a
-  // subtree whose bytes are all among them advances a whole trie level with one test.
-  struct Uniform {
-    bool done = false;
-    int32_t target = -1;
-    uint64_t bits[2] = {0, 0};
-  };
-  std::vector<Uniform> uni;
-  Stacks scratch;
-  size_t stack_words = 0;  // positions held by `sets` (memory bound)
-
-  // Past ~64 MiB the memo starts over (a long generation whose states never repeat).
-  bool over_budget() const {
-    return sets.size() * (sizeof(std::array<int32_t, 128>) + sizeof(Loops) + sizeof(Uniform) + 96) + stack_words * 8 +
-               (step.size() + partial_ok.size()) * 48 >
-           (size_t(64) << 20);
-  }
-};
-
-CompiledGrammar::~CompiledGrammar() = default;
-
-namespace {
-
-using WalkMemo = CompiledGrammar::WalkMemo;
-
-struct Walker {
-  const Grammar& g;
-  const TokenVocab& v;
-  std::vector<uint32_t>& bits;
-  WalkMemo& m;
-  bool use_subtrees = true;
-  int64_t n_shortcut = 0;
-
-  // Whether every byte in `b` (all ASCII) maps set `id` back to itself: then every token below
-  // the node is accepted, whatever its bytes' order, and the set stays non-empty.
-  bool loops_over(int32_t id, const TokenVocab::Below& b) {
-    for (int w = 0; w < 2; ++w) {
-      {
-        const WalkMemo::Loops& L = m.loops[size_t(id)];
-        if (b.ascii[w] & L.known[w] & ~L.yes[w]) return false;
-      }
-      uint64_t need = b.ascii[w] & ~m.loops[size_t(id)].known[w];
-      while (need) {
-        const int bit = __builtin_ctzll(need);
-        need &= need - 1;
-        const uint64_t mask = uint64_t(1) << bit;
-        const bool same = advance(id, uint32_t(w * 64 + bit)) == id;  // (may grow m.loops)
-        WalkMemo::Loops& L = m.loops[size_t(id)];
-        L.known[w] |= mask;
-        if (same) L.yes[w] |= mask;
-        else return false;
-      }
-    }
-    return true;
-  }
-
-  const WalkMemo::Uniform& uniform(int32_t id) {
-    if (!m.uni[size_t(id)].done) {
-      int32_t to[128];
-      for (uint32_t c = 0; c < 128; ++c) to[c] = advance(id, c);  // (may grow m.uni)
-      std::unordered_map<int32_t, int> count;
-      int32_t best = -1;
-      for (uint32_t c = 0; c < 128; ++c)
-        if (to[c] >= 0 && ++count[to[c]] > (best < 0 ? 0 : count[best])) best = to[c];
-      WalkMemo::Uniform u;
-      u.done = true;
-      u.target = best;
-      for (uint32_t c = 0; c < 128; ++c)
-        if (best >= 0 && to[c] == best) u.bits[c >> 6] |= uint64_t(1) << (c & 63);
-      m.uni[size_t(id)] = u;
-    }
-    return m.uni[size_t(id)];
-  }
-  // Whether every token below a node (bytes `b`, all ASCII) is accepted from set `id`: each of
-  // the subtree's levels takes all of its bytes to one set (a chain as deep as the subtree; a
-  // bounded string's "k characters left" states), and every set on the chain is non-empty.
-  bool chain_accepts(int32_t id, const TokenVocab::Below& b) {
-    for (int d = 0; d < b.depth; ++d) {
-      const WalkMemo::Uniform& u = uniform(id);
-      if (u.target < 0 || (b.ascii[0] & ~u.bits[0]) || (b.ascii[1] & ~u.bits[1])) return false;
-      id = u.target;
-    }
-    return true;
-  }
-
-  static std::string key_of(const Stacks& st) {
-    std::string k;
-    for (const auto& s : st) {
-      const uint32_t n = uint32_t(s.size());
-      k.append(reinterpret_cast<const char*>(&n), 4);
-      k.append(reinterpret_cast<const char*>(s.data()), s.size() * 4);
-    }
-    return k;
-  }
-  int32_t intern(const Stacks& st) {
-    auto [it, added] = m.set_ids.emplace(key_of(st), int32_t(m.sets.size()));
-    if (added) {
-      m.sets.push_back(st);
-      std::array<int32_t, 128> row;
-      row.fill(WalkMemo::kUnknown);
-      m.ascii.push_back(row);
-      m.loops.emplace_back();
-      m.uni.emplace_back();
-      for (const auto& s : st) m.stack_words += s.size() + 1;
-    }
-    return it->second;
-  }
-  int32_t advance(int32_t id, uint32_t cp) {
-    if (cp < 128) {
-      const int32_t known = m.ascii[size_t(id)][cp];
-      if (known != WalkMemo::kUnknown) return known;
-    } else {
-      auto it = m.step.find((uint64_t(uint32_t(id)) << 21) | cp);
-      if (it != m.step.end()) return it->second;
-    }
-    advance_stacks(g, m.sets[size_t(id)], cp, m.scratch);
-    const int32_t r = m.scratch.empty() ? -1 : intern(m.scratch);
-    if (cp < 128) m.ascii[size_t(id)][cp] = r;
-    else m.step.emplace((uint64_t(uint32_t(id)) << 21) | cp, r);
-    return r;
-  }
-  bool may_continue(int32_t id, uint8_t left, uint32_t lo, uint32_t hi) {
-    const uint64_t k = (uint64_t(uint32_t(id)) << 23) | (uint64_t(left) << 21) | lo;
-    auto it = m.partial_ok.find(k);
-    if (it != m.partial_ok.end()) return it->second;
-    const bool r = stacks_accept_range(g, m.sets[size_t(id)], lo, hi);
-    m.partial_ok.emplace(k, r);
-    return r;
-  }
-
-  void walk(uint32_t node, int32_t cur, uint32_t pcp, uint8_t pleft, uint8_t plen) {
-    const TokenVocab::Node& n = v.nodes()[node];
-    for (uint32_t c = n.first_child; c < n.first_child + n.n_children; ++c) {
-      const uint8_t b = v.edge_bytes()[c];
-      uint32_t qcp = pcp;
-      uint8_t qleft = pleft, qlen = plen;
-      int32_t next = cur;
-      if (qleft == 0 && b < 0x80) {
-        next = advance(cur, b);
-      } else if (qleft == 0) {
-        if (!utf8::lead(b, qcp, qleft, qlen)) continue;
-      } else {
-        if ((b & 0xC0) != 0x80) continue;
-        qcp = (qcp << 6) | (b & 0x3F);
-        if (--qleft == 0) {
-          if (!utf8::valid(qcp, qlen)) continue;
-          next = advance(cur, qcp);
-          qcp = 0, qlen = 0;
-        }
-      }
-      if (next < 0) continue;
-      if (qleft > 0) {
-        uint32_t lo, hi;
-        if (!utf8::range(qcp, qleft, qlen, lo, hi) || !may_continue(cur, qleft, lo, hi)) continue;
-      }
-      const TokenVocab::Node& cn = v.nodes()[c];
-      if (qleft == 0 && cn.n_children && use_subtrees) {
-        const TokenVocab::Below& b = v.below()[c];
-        if (!b.non_ascii && (loops_over(next, b) || chain_accepts(next, b))) {
-          for (uint32_t t = b.lo; t < b.hi; ++t) {
-            const int32_t id = v.sorted_ids()[t];
-            bits[size_t(id) >> 5] |= 1u << (id & 31);
-          }
-          ++n_shortcut;
-          continue;
-        }
-      }
-      for (uint32_t t = cn.first_token; t < cn.first_token + cn.n_tokens; ++t) {
-        const int32_t id = v.token_ids()[t];
-        bits[size_t(id) >> 5] |= 1u << (id & 31);
-      }
-      if (cn.n_children) walk(c, next, qcp, qleft, qlen);
-    }
-  }
-};
+namespace detail {
 
 // KVBOOST_GRAMMAR_SUBTREES=0 turns the whole-subtree shortcut off (the plain walk), for A/B
 // measurements in one binary (`kvboost bench grammar`) and for tests of both paths.
@@ -410,6 +207,13 @@ bool subtrees_enabled() {
   }();
   return on;
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::Walker;
+using detail::WalkMemo;
 
 std::string state_key(const Matcher::State& st) {
   std::string k;
@@ -440,10 +244,13 @@ std::shared_ptr<const std::vector<uint32_t>> Matcher::allowed() {
   const TokenVocab& v = g_->vocab();
   auto bits = std::make_shared<std::vector<uint32_t>>((size_t(v.size()) + 31) / 32, 0u);
   int64_t n_shortcut = 0;
-  if (st_.partial_left > 0 || !st_.stacks.empty()) {
+  if (g_->split_ && st_.partial_left == 0) {
+    std::lock_guard<std::mutex> wl(g_->walk_mu_);
+    g_->split_mask(st_.stacks, *bits);
+  } else if (st_.partial_left > 0 || !st_.stacks.empty()) {
     std::lock_guard<std::mutex> wl(g_->walk_mu_);
     if (!g_->memo_ || g_->memo_->over_budget()) g_->memo_ = std::make_unique<WalkMemo>();
-    Walker w{g_->grammar(), v, *bits, *g_->memo_, subtrees_enabled(), 0};
+    Walker w{g_->grammar(), v, *bits, *g_->memo_, detail::subtrees_enabled(), 0, nullptr, {}};
     w.walk(0, w.intern(st_.stacks), st_.partial_cp, st_.partial_left, st_.partial_len);
     n_shortcut = w.n_shortcut;
   }

@@ -8,12 +8,12 @@
 
 #include "kvboost/grammar.h"
 #include "utf8_state.h"
+#include "walk.h"
 
 namespace kvboost::grammar {
 namespace {
 
 using Stack = std::vector<uint32_t>;
-using Stacks = std::vector<Stack>;
 
 bool end_of_seq(const Grammar& g, uint32_t pos) {
   const Op op = g.elems[pos].op;
@@ -103,6 +103,42 @@ bool class_accepts_range(const Grammar& g, uint32_t pos, uint32_t lo, uint32_t h
 }
 
 }  // namespace
+
+int detail::class_non_ascii(const Grammar& g, uint32_t pos) {
+  const Elem* e = &g.elems[pos];
+  if (e->op == Op::kCharAny) return 1;
+  const bool positive = e->op == Op::kChar;
+  std::vector<std::pair<uint32_t, uint32_t>> rs;
+  do {
+    if (e[1].op == Op::kCharRngUpper) {
+      rs.emplace_back(e->value, e[1].value);
+      e += 2;
+    } else {
+      rs.emplace_back(e->value, e->value);
+      e += 1;
+    }
+  } while (e->op == Op::kCharAlt);
+  // The non-ASCII scalar values: U+0080..U+D7FF and U+E000..U+10FFFF.
+  std::sort(rs.begin(), rs.end());
+  bool any = false, all = true;
+  for (const auto& [lo, hi] : {std::pair<uint32_t, uint32_t>{0x80, 0xD7FF}, {0xE000, 0x10FFFF}}) {
+    uint64_t at = lo;  // covered up to here
+    for (const auto& [a, b] : rs) {
+      if (a <= hi && b >= lo) any = true;
+      if (a <= at && uint64_t(b) + 1 > at) at = uint64_t(b) + 1;
+    }
+    if (at <= hi) all = false;
+  }
+  if (!any) return positive ? 0 : 1;
+  if (all) return positive ? 1 : 0;
+  return 2;
+}
+
+void detail::expand_stack(const Grammar& g, std::vector<uint32_t> stack, Stacks& out) {
+  out.clear();
+  advance_stack(g, std::move(stack), out);
+  std::sort(out.begin(), out.end());
+}
 
 std::vector<std::vector<uint32_t>> initial_stacks(const Grammar& g) {
   Stacks out;

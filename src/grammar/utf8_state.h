@@ -33,4 +33,24 @@ inline bool range(uint32_t bits, uint8_t left, uint8_t len, uint32_t& lo, uint32
   return lo <= hi;
 }
 
+// Whether `s` is a sequence of valid characters, the last of which may be cut short (its bytes
+// so far can still become a valid character).
+template <class S>
+bool well_formed(const S& s) {
+  uint32_t bits = 0;
+  uint8_t left = 0, len = 0;
+  for (const char ch : s) {
+    const uint8_t b = uint8_t(ch);
+    if (left == 0) {
+      if (b >= 0x80 && !lead(b, bits, left, len)) return false;
+    } else {
+      if ((b & 0xC0) != 0x80) return false;
+      bits = (bits << 6) | (b & 0x3F);
+      if (--left == 0 && !valid(bits, len)) return false;
+    }
+  }
+  uint32_t lo, hi;
+  return left == 0 || range(bits, left, len, lo, hi);
+}
+
 }  // namespace kvboost::grammar::utf8

@@ -266,6 +266,59 @@ TEST(Mask, SubtreeShortcutEqualsBruteForce) {
   }
 }
 
+// Tokens made mostly of multi-byte characters (Gemma's vocabulary is): subtrees below a node
+// are taken whole through states that send every non-ASCII character to one set (a JSON
+// string's body, a negated ASCII class), in both mask modes, and must agree with brute force,
+// including on characters cut at a token's end, overlong and surrogate forms, and a class
+// that holds only some non-ASCII characters (no shortcut).
+TEST(Mask, NonAsciiSubtreesEqualBruteForce) {
+  std::mt19937_64 rng(9);
+  const std::vector<std::string> pieces = {"\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\xE4\xB8\xAD", "\xD0\xB4", "a", "b",
+                                           " ", "\"", "\\", "!", "\xC3", "\xE2\x82", "\xC0\xA2", "\xED\xA0\x80", "\x80"};
+  std::vector<std::string> v;
+  for (int i = 0; i < 256; ++i) v.push_back(std::string(1, char(i)));
+  for (int i = 0; i < 1500; ++i) {
+    std::string s = pieces[rng() % 5];  // a well-formed character first, so prefixes are shared
+    const int n = int(rng() % 5);
+    for (int k = 0; k < n; ++k) {
+      const size_t among = rng() % 6 ? 7 : pieces.size();  // mostly well-formed pieces
+      s += pieces[rng() % among];
+    }
+    v.push_back(s);
+  }
+  const auto vocab = std::make_shared<const TokenVocab>(v);
+  for (const std::string& gtext :
+       {json_schema_to_gbnf(nlohmann::ordered_json::parse(R"({"type":"array","items":{"type":"string"},"maxItems":3})")),
+        json_schema_to_gbnf(nlohmann::ordered_json::parse(R"({"type":"array","items":{"type":"string","maxLength":4},"maxItems":3})")),
+        std::string("root ::= [^\"\\\\!]* \"!\" [^a]{0,3}"), std::string("root ::= [^\\u00e9!]* \"!\"")}) {
+    for (const MaskMode mode : {MaskMode::kWalk, MaskMode::kSplit}) {
+      auto cg = std::make_shared<const CompiledGrammar>(parse_gbnf(gtext), vocab, mode);
+      for (int walk = 0; walk < 4; ++walk) {
+        Matcher m(cg);
+        for (int step = 0; step < 20; ++step) {
+          const auto bits = m.allowed();
+          std::vector<int32_t> ok;
+          for (int32_t t = 0; t < vocab->size(); ++t) {
+            Matcher probe = m;
+            const bool brute = probe.accept_bytes(vocab->bytes(t));
+            const bool got = ((*bits)[size_t(t) >> 5] >> (t & 31)) & 1u;
+            std::string hex;
+            for (const char c : vocab->bytes(t)) hex += " " + std::to_string(int(uint8_t(c)));
+            ASSERT_EQ(got, brute) << "token " << t << " (bytes" << hex << ") at step " << step << " (mode " << int(mode)
+                                  << ") of " << gtext;
+            if (brute) ok.push_back(t);
+          }
+          if (ok.empty()) break;
+          ASSERT_TRUE(m.accept(ok[rng() % ok.size()]));
+        }
+      }
+      if (mode == MaskMode::kWalk && gtext.find("u00e9") == std::string::npos) {
+        EXPECT_GT(cg->cache_stats().subtrees, 0) << gtext;
+      }
+    }
+  }
+}
+
 TEST(Mask, ApplySetsDisallowedToMinusInfinityAndGatesEos) {
   std::vector<std::string> v = {"a", "b", "ab", "", "c"};  // id 3: EOS (no bytes)
   auto cg = std::make_shared<const CompiledGrammar>(parse_gbnf("root ::= \"a\" \"b\"?\n"), std::make_shared<const TokenVocab>(v));
