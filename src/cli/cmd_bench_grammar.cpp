@@ -119,7 +119,7 @@ void run_grammar(const GrammarArgs& a) {
     const GenerateResult u = e->generate(prompt, f);
     if (u.output_ids.size() > 1) dec_free.push_back(u.decode_ms / double(u.output_ids.size() - 1));
   }
-  // Cold: a fresh compilation per run, split (the default) and the per-state trie walk
+  // Cold: a fresh compilation per run, split (KVBOOST_GRAMMAR_SPLIT=1) and the per-state trie walk (the default)
   // (MaskMode::kWalk) in the same run; the split's compile time is timed on its own.
   std::vector<double> walk_cold, walk_cold_cpu, compile_ms, compile_cpu_ms;
   grammar::CompiledGrammar::CacheStats split_stats;

@@ -59,7 +59,7 @@ bool end_of_seq(const Grammar& g, uint32_t pos) {
 bool split_enabled_by_env() {
   static const bool on = [] {
     const char* e = std::getenv("KVBOOST_GRAMMAR_SPLIT");
-    return !(e && std::string(e) == "0");
+    return e && std::string(e) == "1";
   }();
   return on;
 }

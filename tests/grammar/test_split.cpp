@@ -134,11 +134,13 @@ TEST(Split, MasksEqualThePerStateWalkBitForBit) {
   EXPECT_GT(entries, 0);
 }
 
-TEST(Split, DefaultModeIsTheSplitAndWalkModeHasNoTable) {
+TEST(Split, DefaultModeIsTheWalkAndTheSplitIsOptIn) {
   auto g = parse_gbnf(json_gbnf());
   const auto v = mixed_vocab(600, 3);
-  if (const char* e = std::getenv("KVBOOST_GRAMMAR_SPLIT"); !(e && std::string(e) == "0")) {
+  if (const char* e = std::getenv("KVBOOST_GRAMMAR_SPLIT"); e && std::string(e) == "1") {
     EXPECT_GT(CompiledGrammar(g, v).cache_stats().split_entries, 0);
+  } else {
+    EXPECT_EQ(CompiledGrammar(g, v).cache_stats().split_entries, 0);
   }
   EXPECT_EQ(CompiledGrammar(g, v, MaskMode::kWalk).cache_stats().split_entries, 0);
   const auto st = CompiledGrammar(g, v, MaskMode::kSplit).cache_stats();
