@@ -73,10 +73,11 @@ bool match_char(const Grammar& g, uint32_t pos, uint32_t cp, uint32_t* next) {
   return found == positive;
 }
 
-bool class_accepts_range(const Grammar& g, uint32_t pos, uint32_t lo, uint32_t hi) {
+// The code-point ranges of the character class at pos (not kCharAny), as written; *positive:
+// kChar (the class accepts them) rather than kCharNot.
+std::vector<std::pair<uint32_t, uint32_t>> class_ranges(const Grammar& g, uint32_t pos, bool* positive) {
   const Elem* e = &g.elems[pos];
-  if (e->op == Op::kCharAny) return true;
-  const bool positive = e->op == Op::kChar;
+  *positive = e->op == Op::kChar;
   std::vector<std::pair<uint32_t, uint32_t>> rs;
   do {
     if (e[1].op == Op::kCharRngUpper) {
@@ -87,6 +88,13 @@ bool class_accepts_range(const Grammar& g, uint32_t pos, uint32_t lo, uint32_t h
       e += 1;
     }
   } while (e->op == Op::kCharAlt);
+  return rs;
+}
+
+bool class_accepts_range(const Grammar& g, uint32_t pos, uint32_t lo, uint32_t hi) {
+  if (g.elems[pos].op == Op::kCharAny) return true;
+  bool positive = false;
+  std::vector<std::pair<uint32_t, uint32_t>> rs = class_ranges(g, pos, &positive);
   if (positive) {
     for (const auto& [a, b] : rs)
       if (a <= hi && b >= lo) return true;
@@ -105,19 +113,9 @@ bool class_accepts_range(const Grammar& g, uint32_t pos, uint32_t lo, uint32_t h
 }  // namespace
 
 int detail::class_non_ascii(const Grammar& g, uint32_t pos) {
-  const Elem* e = &g.elems[pos];
-  if (e->op == Op::kCharAny) return 1;
-  const bool positive = e->op == Op::kChar;
-  std::vector<std::pair<uint32_t, uint32_t>> rs;
-  do {
-    if (e[1].op == Op::kCharRngUpper) {
-      rs.emplace_back(e->value, e[1].value);
-      e += 2;
-    } else {
-      rs.emplace_back(e->value, e->value);
-      e += 1;
-    }
-  } while (e->op == Op::kCharAlt);
+  if (g.elems[pos].op == Op::kCharAny) return 1;
+  bool positive = false;
+  std::vector<std::pair<uint32_t, uint32_t>> rs = class_ranges(g, pos, &positive);
   // The non-ASCII scalar values: U+0080..U+D7FF and U+E000..U+10FFFF.
   std::sort(rs.begin(), rs.end());
   bool any = false, all = true;

@@ -18,10 +18,10 @@ using Src = Request::State::ChunkSrc;
 
 namespace {
 // One CacheBlend pass over [from, n) into the request (reuse::plan_blend).
-void setup_blend(Request::State& r, const reuse::BlendPlan& b) {
+void setup_blend(Request::State& r, reuse::BlendPlan b) {
   r.blend = true;
   r.blend_from = b.from;
-  r.reused = b.reused;
+  r.reused = std::move(b.reused);
   r.blend_ratio = b.ratio;
   r.blend_first_ratio = b.first_ratio;
   r.blend_forced = b.forced;
@@ -71,7 +71,7 @@ void Engine::Impl::plan_reuse(Request::State& r, int64_t n_cached, StepPlan& pla
   r.rung = p.rung;
   r.todo = std::move(p.todo);
   r.todo_next = 0;
-  if (p.blend) setup_blend(r, p.blend_plan);
+  if (p.blend) setup_blend(r, std::move(p.blend_plan));
   r.pos_state = std::move(p.pos_state);
   std::lock_guard<std::mutex> lock(r.mu);
   if (p.n_remote_chunks || p.remote_ms > 0) r.res.n_remote_chunks = p.n_remote_chunks, r.res.remote_ms = p.remote_ms;

@@ -221,6 +221,30 @@ TEST(Mask, EqualsBruteForceOverRandomWalks) {
   }
 }
 
+// Four random walks of up to `steps` tokens through the grammar: at each state the mask must
+// equal token-by-token matching of every token's bytes (brute force).
+static void masks_equal_brute_force(const std::shared_ptr<const CompiledGrammar>& cg, const TokenVocab& vocab,
+                                    std::mt19937_64& rng, int steps, const std::string& what) {
+  for (int walk = 0; walk < 4; ++walk) {
+    Matcher m(cg);
+    for (int step = 0; step < steps; ++step) {
+      const auto bits = m.allowed();
+      std::vector<int32_t> ok;
+      for (int32_t t = 0; t < vocab.size(); ++t) {
+        Matcher probe = m;
+        const bool brute = probe.accept_bytes(vocab.bytes(t));
+        const bool got = ((*bits)[size_t(t) >> 5] >> (t & 31)) & 1u;
+        std::string hex;
+        for (const char c : vocab.bytes(t)) hex += " " + std::to_string(int(uint8_t(c)));
+        ASSERT_EQ(got, brute) << "token " << t << " (bytes" << hex << ") at step " << step << " (" << what << ")";
+        if (brute) ok.push_back(t);
+      }
+      if (ok.empty()) break;
+      ASSERT_TRUE(m.accept(ok[rng() % ok.size()]));
+    }
+  }
+}
+
 // Word-like tokens (a real vocabulary's shape: many share long prefixes) inside JSON strings and
 // a repeated class: the walk accepts whole trie subtrees (TokenVocab::Below) and must still agree
 // with brute force, including on tokens that leave the string ('ab"', 'a"b', 'x\\').
@@ -246,22 +270,8 @@ TEST(Mask, SubtreeShortcutEqualsBruteForce) {
             "t":{"type":"array","items":{"type":"string","maxLength":4},"maxItems":3}},"required":["s","t"]})")),
         regex_to_gbnf("[a-f ]{2,9}![0-9]{1,5}")}) {
     auto cg = std::make_shared<const CompiledGrammar>(parse_gbnf(gtext), vocab);
-    for (int walk = 0; walk < 4; ++walk) {
-      Matcher m(cg);
-      for (int step = 0; step < 30; ++step) {
-        const auto bits = m.allowed();
-        std::vector<int32_t> ok;
-        for (int32_t t = 0; t < vocab->size(); ++t) {
-          Matcher probe = m;
-          const bool brute = probe.accept_bytes(vocab->bytes(t));
-          const bool got = ((*bits)[size_t(t) >> 5] >> (t & 31)) & 1u;
-          ASSERT_EQ(got, brute) << "token " << t << " '" << vocab->bytes(t) << "' at step " << step;
-          if (brute) ok.push_back(t);
-        }
-        if (ok.empty()) break;
-        ASSERT_TRUE(m.accept(ok[rng() % ok.size()]));
-      }
-    }
+    masks_equal_brute_force(cg, *vocab, rng, 30, gtext);
+    if (HasFatalFailure()) return;
     EXPECT_GT(cg->cache_stats().subtrees, 0) << "no subtree was accepted whole: the shortcut never ran";
   }
 }
@@ -293,25 +303,8 @@ TEST(Mask, NonAsciiSubtreesEqualBruteForce) {
         std::string("root ::= [^\"\\\\!]* \"!\" [^a]{0,3}"), std::string("root ::= [^\\u00e9!]* \"!\"")}) {
     for (const MaskMode mode : {MaskMode::kWalk, MaskMode::kSplit}) {
       auto cg = std::make_shared<const CompiledGrammar>(parse_gbnf(gtext), vocab, mode);
-      for (int walk = 0; walk < 4; ++walk) {
-        Matcher m(cg);
-        for (int step = 0; step < 20; ++step) {
-          const auto bits = m.allowed();
-          std::vector<int32_t> ok;
-          for (int32_t t = 0; t < vocab->size(); ++t) {
-            Matcher probe = m;
-            const bool brute = probe.accept_bytes(vocab->bytes(t));
-            const bool got = ((*bits)[size_t(t) >> 5] >> (t & 31)) & 1u;
-            std::string hex;
-            for (const char c : vocab->bytes(t)) hex += " " + std::to_string(int(uint8_t(c)));
-            ASSERT_EQ(got, brute) << "token " << t << " (bytes" << hex << ") at step " << step << " (mode " << int(mode)
-                                  << ") of " << gtext;
-            if (brute) ok.push_back(t);
-          }
-          if (ok.empty()) break;
-          ASSERT_TRUE(m.accept(ok[rng() % ok.size()]));
-        }
-      }
+      masks_equal_brute_force(cg, *vocab, rng, 20, "mode " + std::to_string(int(mode)) + " of " + gtext);
+      if (HasFatalFailure()) return;
       if (mode == MaskMode::kWalk && gtext.find("u00e9") == std::string::npos) {
         EXPECT_GT(cg->cache_stats().subtrees, 0) << gtext;
       }
