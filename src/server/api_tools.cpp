@@ -9,6 +9,7 @@
 //            letters and digits, as Mistral's template requires of the follow-up turn.
 // <|python_tag|> and [TOOL_CALLS] are special tokens in those vocabularies, which the detokenizer
 // drops, so a message that is nothing but the JSON is read as calls too.
+#include <cstring>
 #include <random>
 
 #include "api.h"
@@ -213,6 +214,8 @@ ojson tool_call_of(const std::string& inner) {
   return tool_call_json(j, ToolSyntax::hermes);
 }
 
+std::string rtrim(const std::string& s) { return s.substr(0, s.find_last_not_of(" \t\r\n") + 1); }
+
 std::string trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r\n");
   if (b == std::string::npos) return "";
@@ -385,20 +388,26 @@ std::vector<ojson> ToolCallStream::push(const std::string& text, bool done) {
     if (!in_call_) {
       const size_t o = buf_.find(open);
       if (o != std::string::npos) {
-        const std::string before = n_calls_ ? trim(buf_.substr(0, o)) : buf_.substr(0, o);
+        // As split_tool_calls: the whitespace between content and a call is not content.
+        const std::string before = n_calls_ ? trim(buf_.substr(0, o)) : rtrim(buf_.substr(0, o));
         if (!before.empty()) out.push_back(ojson{{"content", before}});
         buf_.erase(0, o + open.size());
         in_call_ = true;
         continue;
       }
-      // Hold back a tail that may be the start of "<tool_call>".
+      // Hold back a tail that may be the start of "<tool_call>", and trailing whitespace (not
+      // content if a call follows it).
       size_t keep = 0;
-      if (!done)
+      if (!done) {
         for (size_t k = std::min(buf_.size(), open.size() - 1); k > 0; --k)
           if (buf_.compare(buf_.size() - k, k, open, 0, k) == 0) {
             keep = k;
             break;
           }
+        size_t end = buf_.size() - keep;
+        while (end > 0 && std::strchr(" \t\r\n", buf_[end - 1])) --end;
+        keep = buf_.size() - end;
+      }
       std::string emit = buf_.substr(0, buf_.size() - keep);
       if (n_calls_) emit = trim(emit);
       if (!emit.empty()) out.push_back(ojson{{"content", emit}});

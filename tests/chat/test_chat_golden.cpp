@@ -101,3 +101,13 @@ TEST(ChatGolden, ChatML) { check_own("chatml"); }
 TEST(ChatGolden, MistralStyle) { check_own("mistral_style"); }
 TEST(ChatGolden, Qwen3Style) { check_own("qwen3_style"); }
 TEST(ChatGolden, Llama31Style) { check_own("llama31_style"); }
+
+// Real model templates (tests/chat/data/real/, from llama.cpp's models/templates in the
+// llama-cpp-python sdist), with the whole tool round trip: tool list, call, result, follow-up.
+TEST(ChatGoldenReal, Llama31) { check_own("llama3.1-real"); }
+TEST(ChatGoldenReal, Llama32) { check_own("llama3.2-real"); }
+TEST(ChatGoldenReal, MistralNemo) { check_own("mistral-nemo-real"); }
+TEST(ChatGoldenReal, MistralSmall32) { check_own("mistral-small-3.2-real"); }
+TEST(ChatGoldenReal, Hermes3ToolUse) { check_own("hermes3-real"); }
+TEST(ChatGoldenReal, Qwen25) { check_own("qwen2.5-real"); }
+TEST(ChatGoldenReal, Qwen3) { check_own("qwen3-real"); }

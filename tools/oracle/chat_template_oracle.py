@@ -89,6 +89,37 @@ LLAMA31_EXTRA = [
     ("date_string_kwarg", [U1], True, {"date_string": "26 Jul 2024"}),
 ]
 
+# Real model templates (tests/chat/data/real/, copied from the llama.cpp sources vendored in the
+# llama-cpp-python sdist on PyPI, models/templates/): the whole tool round trip as OpenAI clients
+# send it (call ids Mistral accepts: 9 letters and digits; arguments as objects).
+CALL_ID = "a1B2c3D4e"
+TOOL_CALL_ID = {"role": "assistant", "content": "",
+                "tool_calls": [{"id": CALL_ID, "type": "function",
+                                "function": {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}}}]}
+TOOL_RESULT_ID = {"role": "tool", "tool_call_id": CALL_ID, "name": "get_weather", "content": "{\"temp\": 21}"}
+A_AFTER_TOOL = {"role": "assistant", "content": "It is 21 degrees in Zürich."}
+REAL_TOOLS = [
+    ("tools_gen", [SYS, U1], True, {"tools": TOOLS}),
+    ("tools_user_only", [U1], True, {"tools": TOOLS}),
+    ("tool_round_trip", [SYS, U1, TOOL_CALL_ID, TOOL_RESULT_ID], True, {"tools": TOOLS}),
+    ("tool_round_trip_then_user", [SYS, U1, TOOL_CALL_ID, TOOL_RESULT_ID, A_AFTER_TOOL, U2], True, {"tools": TOOLS}),
+]
+REAL = [
+    # (name, file, special tokens, extra cases)
+    ("llama3.1-real", "real/meta-llama-Llama-3.1-8B-Instruct.jinja",
+     {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}, REAL_TOOLS + LLAMA31_EXTRA),
+    ("llama3.2-real", "real/meta-llama-Llama-3.2-3B-Instruct.jinja",
+     {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}, REAL_TOOLS),
+    ("mistral-nemo-real", "real/mistralai-Mistral-Nemo-Instruct-2407.jinja",
+     {"bos_token": "<s>", "eos_token": "</s>"}, REAL_TOOLS),
+    ("mistral-small-3.2-real", "real/Mistral-Small-3.2-24B-Instruct-2506.jinja",
+     {"bos_token": "<s>", "eos_token": "</s>"}, REAL_TOOLS),
+    ("hermes3-real", "real/NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+     {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}, REAL_TOOLS),
+    ("qwen2.5-real", "real/Qwen-Qwen2.5-7B-Instruct.jinja", {"eos_token": "<|im_end|>"}, REAL_TOOLS),
+    ("qwen3-real", "real/Qwen-Qwen3-0.6B.jinja", {"eos_token": "<|im_end|>"}, REAL_TOOLS),
+]
+
 
 def render_env(source, messages, add_gen, kwargs, special):
     tmpl = _compile_jinja_template(source)
@@ -135,9 +166,9 @@ def main():
         cases = [run_case(n, source, m, g, k, special, tok) for n, m, g, k in COMMON + extra]
         templates.append({"name": name, "shared": rel_source, "special_tokens": special, "cases": cases})
 
-    def add_own(name, file, special, extra):
+    def add_own(name, file, special, extra, common=True):
         source = open(os.path.join(DATA, file), encoding="utf-8").read()
-        cases = [run_case(n, source, m, g, k, special) for n, m, g, k in COMMON + extra]
+        cases = [run_case(n, source, m, g, k, special) for n, m, g, k in (COMMON if common else []) + extra]
         templates.append({"name": name, "file": file, "special_tokens": special, "cases": cases})
 
     add_shared("qwen2.5", "tokenizers/qwen2.5", "tokenizers/qwen2.5/tokenizer_config.json", QWEN25_EXTRA)
@@ -147,6 +178,9 @@ def main():
     add_own("mistral_style", "mistral_style.jinja", {"bos_token": "<s>", "eos_token": "</s>"}, MISTRAL_EXTRA)
     add_own("qwen3_style", "qwen3_style.jinja", {"eos_token": "<|im_end|>"}, QWEN3_EXTRA)
     add_own("llama31_style", "llama31_style.jinja", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}, LLAMA31_EXTRA)
+    for name, file, special, extra in REAL:
+        # Hermes 3's tool_use template is the one for requests with tools (it iterates them).
+        add_own(name, file, special, extra, common=not name.startswith("hermes"))
 
     doc = {"generator": "tools/oracle/chat_template_oracle.py",
            "now": NOW.isoformat(), "templates": templates}
