@@ -54,6 +54,7 @@ struct GenerateOptions {
   std::vector<std::string> stop;       // stop strings; never part of the returned text
   bool add_special = true;             // BOS/EOS per the tokenizer's post-processor
   bool ignore_eos = false;             // keep going past eos_token_id (benchmarks)
+  bool keep_special_tokens = false;    // special tokens stay in the text (tool-call markers)
   bool prefix_cache = true;            // reuse cached K/V of the prompt's longest cached prefix
   std::string cache_namespace;         // tenant: caches of different namespaces never mix
   ReusePolicy reuse;                   // chunk-level reuse beyond the exact prefix

@@ -200,7 +200,7 @@ const std::set<std::string>& filter_names() {
       "trim", "length", "count", "upper", "lower", "tojson", "string", "join", "default", "d",
       "first", "last", "items", "selectattr", "rejectattr", "select", "reject", "map", "replace",
       "capitalize", "title", "list", "reverse", "int", "float", "abs", "safe", "indent", "unique",
-      "sum", "wordcount", "e", "escape"};
+      "sum", "wordcount", "e", "escape", "sort"};
   return s;
 }
 
@@ -463,6 +463,33 @@ Value apply_filter(Interp& in, Pos pos, const std::string& f, Value v, List& arg
       sf += x.as_double();
     }
     return ints ? Value::integer(si) : Value::floating(sf);
+  }
+  if (f == "sort") {  // Jinja's sort(reverse=false, case_sensitive=false, attribute=none): stable
+    List l = list_in("sort");
+    const Value* rev = arg(args, kw, 0, "reverse");
+    const Value* cs = arg(args, kw, 1, "case_sensitive");
+    const Value* attr = arg(args, kw, 2, "attribute");
+    const bool reverse = rev && rev->truthy(), case_sensitive = cs && cs->truthy();
+    std::vector<std::pair<Value, size_t>> keyed;
+    for (size_t k = 0; k < l.size(); ++k) {
+      Value key = attr ? attribute_of(in, pos, l[k], to_str(*attr)) : l[k];
+      if (key.is_string() && !case_sensitive) key = Value::string(ascii_case(key.s, false));
+      if (!key.is_number() && !key.is_string())
+        runtime_error(in, pos, std::string("filter 'sort' cannot order '") + key.type_name() + "' values");
+      keyed.emplace_back(std::move(key), k);
+    }
+    for (size_t k = 1; k < keyed.size(); ++k)
+      if (keyed[k].first.is_string() != keyed[0].first.is_string())
+        runtime_error(in, pos, std::string("filter 'sort' cannot compare '") + keyed[0].first.type_name() + "' and '" +
+                                   keyed[k].first.type_name() + "'");
+    std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
+      const int c = a.first.is_string() ? a.first.s.compare(b.first.s)
+                                        : (a.first.as_double() < b.first.as_double() ? -1 : a.first.as_double() > b.first.as_double() ? 1 : 0);
+      return reverse ? c > 0 : c < 0;
+    });
+    List out;
+    for (const auto& kv : keyed) out.push_back(l[kv.second]);
+    return Value::make_list(std::move(out));
   }
   if (f == "wordcount") return Value::integer(int64_t(split(in, pos, str_in(), nullptr, -1).list->size()));
   unsupported(in.tmpl->name, pos, "filter '" + f + "'");

@@ -15,7 +15,7 @@ namespace kvboost {
 struct Request::State {
   enum class Phase { kWaiting, kPrefill, kDecode, kDone };
   State(std::vector<int32_t> ids, GenerateOptions o, const SamplingParams& sc, const Tokenizer& tok)
-      : prompt(std::move(ids)), opt(std::move(o)), sampler(sc), dec(tok, true), stop(opt.stop) {
+      : prompt(std::move(ids)), opt(std::move(o)), sampler(sc), dec(tok, !opt.keep_special_tokens), stop(opt.stop) {
     dec.set_context(prompt);  // the output is a continuation: "Once upon a" + " time"
     if (opt.grammar) matcher.emplace(opt.grammar);
   }

@@ -39,9 +39,11 @@ struct ApiContext {
 };
 
 // The tool-call syntax of a model family, from its chat template (api_tools.cpp).
-enum class ToolSyntax { none, hermes, llama3, mistral };
-// hermes: the template shows <tool_call>; mistral: [TOOL_CALLS]; llama3: <|python_tag|>, or Llama 3
-// headers with the {"name", "parameters"} call format; else none.
+enum class ToolSyntax { none, hermes, llama3, mistral, mistral_v11 };
+// hermes: the template shows <tool_call>; mistral_v11: [ARGS] (Mistral Small 3.x, Devstral,
+// Ministral 3: [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}); mistral: [TOOL_CALLS] (v0.3, Nemo:
+// [TOOL_CALLS][{...}]); llama3: <|python_tag|>, or Llama 3 headers with the {"name", "parameters"}
+// call format; else none.
 ToolSyntax tool_syntax_of(const std::string& template_source);
 const char* tool_syntax_name(ToolSyntax s);
 

@@ -5,10 +5,16 @@
 //            with text around them;
 //   llama3   Llama 3.1-3.3 JSON tool calling: the message is the call, optionally after
 //            <|python_tag|>: {"name": ..., "parameters": {...}}, several joined by ';';
-//   mistral  Mistral v0.3: [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]; call ids are 9
-//            letters and digits, as Mistral's template requires of the follow-up turn.
+//   mistral  Mistral v0.3 / Nemo: [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]; call ids
+//            are 9 letters and digits, as Mistral's template requires of the follow-up turn;
+//   mistral-v11  Mistral Small 3.x, Devstral, Ministral 3 (tokenizer v11+): one
+//            [TOOL_CALLS]name[CALL_ID]id[ARGS]{...} per call ([CALL_ID] optional). These markers
+//            are special tokens too, but the name is not JSON: the server keeps special tokens in
+//            the text of such a request (GenerateOptions::keep_special_tokens) so that the
+//            markers delimit it.
 // <|python_tag|> and [TOOL_CALLS] are special tokens in those vocabularies, which the detokenizer
 // drops, so a message that is nothing but the JSON is read as calls too.
+#include <cctype>
 #include <cstring>
 #include <random>
 
@@ -23,6 +29,8 @@ using namespace fields;
 
 ToolSyntax tool_syntax_of(const std::string& src) {
   if (src.find("<tool_call>") != std::string::npos) return ToolSyntax::hermes;
+  if (src.find("[TOOL_CALLS]") != std::string::npos && src.find("[ARGS]") != std::string::npos)
+    return ToolSyntax::mistral_v11;
   if (src.find("[TOOL_CALLS]") != std::string::npos) return ToolSyntax::mistral;
   if (src.find("<|python_tag|>") != std::string::npos ||
       (src.find("<|start_header_id|>") != std::string::npos && src.find("\"parameters\"") != std::string::npos))
@@ -35,6 +43,7 @@ const char* tool_syntax_name(ToolSyntax s) {
     case ToolSyntax::hermes: return "hermes";
     case ToolSyntax::llama3: return "llama3";
     case ToolSyntax::mistral: return "mistral";
+    case ToolSyntax::mistral_v11: return "mistral-v11";
     default: return "none";
   }
 }
@@ -96,7 +105,7 @@ void parse_tools(const ojson& body, const ApiContext& ctx, ParsedRequest& p, ojs
   p.tool_syntax = tool_syntax_of(src);
   if (p.tool_syntax == ToolSyntax::none)
     bad("the model's chat template has no tool-call syntax this server parses (Hermes/Qwen <tool_call>, Llama 3.x "
-        "JSON {\"name\", \"parameters\"}, Mistral [TOOL_CALLS]); serve it with --chat-template llama3 or mistral, or a "
+        "JSON {\"name\", \"parameters\"}, Mistral [TOOL_CALLS] and [TOOL_CALLS]name[ARGS]); serve it with --chat-template llama3 or mistral, or a "
         "template of one of those families",
         "tools", "unsupported_parameter");
   ojson list = ojson::array();
@@ -132,6 +141,8 @@ void parse_tools(const ojson& body, const ApiContext& ctx, ParsedRequest& p, ojs
   }
   extra["tools"] = list;
   p.parse_tools = mode != "none";
+  // v11's markers delimit a call's name: keep them (special tokens) in the generated text.
+  if (p.parse_tools && p.tool_syntax == ToolSyntax::mistral_v11) p.opt.keep_special_tokens = true;
   if (mode == "required" || mode == "named") {
     if (p.opt.grammar)
       bad("'tool_choice' " + mode + " and a response format both constrain the output; give only one", "tool_choice",
@@ -140,6 +151,8 @@ void parse_tools(const ojson& body, const ApiContext& ctx, ParsedRequest& p, ojs
     //   hermes  <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>
     //   llama3  {"name": "NAME", "parameters": ARGS}
     //   mistral [{"name": "NAME", "arguments": ARGS}]   ([TOOL_CALLS] is a special token: not text)
+    //   mistral-v11 [TOOL_CALLS]NAME[ARGS]ARGS   (the markers as text: the grammar's vocabulary
+    //           has no special tokens, and the parser reads them either way)
     const ToolSyntax sx = p.tool_syntax;
     const char* args_key = sx == ToolSyntax::llama3 ? "parameters" : "arguments";
     std::string gbnf = sx == ToolSyntax::hermes ? "root ::= \"<tool_call>\\n\" (" : sx == ToolSyntax::mistral ? "root ::= \"[\" (" : "root ::= (";
@@ -149,8 +162,11 @@ void parse_tools(const ojson& body, const ApiContext& ctx, ParsedRequest& p, ojs
       if (mode == "named" && fns[i].first != named) continue;
       const std::string pre = "f" + std::to_string(i) + "-";
       rules += grammar::prefix_rules(schema_to_gbnf(fns[i].second, true, "tools[" + std::to_string(i) + "].function.parameters"), pre);
-      gbnf += std::string(n++ ? " | " : " ") +
-              grammar::gbnf_literal("{\"name\": " + ojson(fns[i].first).dump() + ", \"" + args_key + "\": ") + " " + pre + "root \"}\"";
+      if (sx == ToolSyntax::mistral_v11)
+        gbnf += std::string(n++ ? " | " : " ") + grammar::gbnf_literal("[TOOL_CALLS]" + fns[i].first + "[ARGS]") + " " + pre + "root";
+      else
+        gbnf += std::string(n++ ? " | " : " ") +
+                grammar::gbnf_literal("{\"name\": " + ojson(fns[i].first).dump() + ", \"" + args_key + "\": ") + " " + pre + "root \"}\"";
     }
     if (n == 0) bad("'tool_choice' names the function '" + named + "', which is not in 'tools'", "tool_choice", "invalid_value");
     gbnf += sx == ToolSyntax::hermes ? " ) \"\\n</tool_call>\"\n" : sx == ToolSyntax::mistral ? " ) \"]\"\n" : " )\n";
@@ -168,7 +184,7 @@ std::mt19937_64& rng() {
 
 // "call_" + 16 hex digits; Mistral: 9 letters and digits (its template refuses other ids).
 std::string call_id(ToolSyntax sx) {
-  if (sx == ToolSyntax::mistral) {
+  if (sx == ToolSyntax::mistral || sx == ToolSyntax::mistral_v11) {
     static constexpr char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     std::string id(9, 'a');
     for (char& c : id) c = kAlnum[rng()() % 62];
@@ -197,7 +213,8 @@ ojson tool_call_json(const ojson& j, ToolSyntax sx) {
   f["name"] = j["name"];
   f["arguments"] = args.is_string() ? args.get<std::string>() : args.dump();
   ojson tc;
-  tc["id"] = sx == ToolSyntax::mistral && j.contains("id") && mistral_id(j["id"]) ? j["id"].get<std::string>() : call_id(sx);
+  const bool mistral = sx == ToolSyntax::mistral || sx == ToolSyntax::mistral_v11;
+  tc["id"] = mistral && j.contains("id") && mistral_id(j["id"]) ? j["id"].get<std::string>() : call_id(sx);
   tc["type"] = "function";
   tc["function"] = f;
   return tc;
@@ -253,13 +270,73 @@ std::vector<std::string> split_top_level(const std::string& s, char sep) {
   return out;
 }
 
-// The calls in `body` (the text after the marker, or the whole message), or an empty array when
-// it is not entirely calls.
+// The end of the JSON object or array that starts at s[i] (one past its closing bracket), or npos
+// when it does not close.
+size_t json_end(const std::string& s, size_t i) {
+  int depth = 0;
+  bool in_str = false, esc = false;
+  for (; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_str) {
+      if (esc) esc = false;
+      else if (c == '\\') esc = true;
+      else if (c == '"') in_str = false;
+      continue;
+    }
+    if (c == '"') in_str = true;
+    else if (c == '{' || c == '[') ++depth;
+    else if ((c == '}' || c == ']') && --depth == 0) return i + 1;
+  }
+  return std::string::npos;
+}
+
+constexpr const char* kCallId = "[CALL_ID]";
+constexpr const char* kArgs = "[ARGS]";
+
+// Mistral v11: [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}, repeated ([CALL_ID] optional; [TOOL_CALLS]
+// optional after the first call). Empty when `t` is not entirely calls.
+ojson calls_v11(const std::string& t) {
+  ojson calls = ojson::array();
+  const std::string marker = "[TOOL_CALLS]";
+  size_t i = 0;
+  const auto skip_ws = [&] {
+    while (i < t.size() && std::strchr(" \t\r\n", t[i])) ++i;
+  };
+  for (skip_ws(); i < t.size(); skip_ws()) {
+    if (t.compare(i, marker.size(), marker) == 0) i += marker.size();
+    const size_t b = i;
+    while (i < t.size() && (std::isalnum(static_cast<unsigned char>(t[i])) || t[i] == '_' || t[i] == '-' || t[i] == '.')) ++i;
+    if (i == b) return ojson::array();
+    ojson j{{"name", t.substr(b, i - b)}};
+    if (t.compare(i, std::strlen(kCallId), kCallId) == 0) {
+      i += std::strlen(kCallId);
+      const size_t e = t.find(kArgs, i);
+      if (e == std::string::npos) return ojson::array();
+      j["id"] = trim(t.substr(i, e - i));
+      i = e;
+    }
+    if (t.compare(i, std::strlen(kArgs), kArgs) != 0) return ojson::array();
+    i += std::strlen(kArgs);
+    skip_ws();
+    const size_t e = i < t.size() && t[i] == '{' ? json_end(t, i) : std::string::npos;
+    if (e == std::string::npos) return ojson::array();
+    j["arguments"] = ojson::parse(t.substr(i, e - i));
+    const ojson tc = tool_call_json(j, ToolSyntax::mistral_v11);
+    if (tc.is_null()) return ojson::array();
+    calls.push_back(tc);
+    i = e;
+  }
+  return calls;
+}
+
+// The calls in `body` (the text after the marker, or the whole message; mistral-v11: from the
+// first marker on), or an empty array when it is not entirely calls.
 ojson calls_of(const std::string& body, ToolSyntax sx) {
   ojson calls = ojson::array();
   const std::string t = trim(body);
   if (t.empty()) return calls;
   try {
+    if (sx == ToolSyntax::mistral_v11) return calls_v11(t);
     if (sx == ToolSyntax::llama3) {
       for (const std::string& part : split_top_level(t, ';')) {
         const ojson tc = tool_call_json(ojson::parse(trim(part)), sx);
@@ -289,10 +366,12 @@ ToolCallSplit split_marked(const std::string& text, ToolSyntax sx) {
   std::string before, body;
   if (m != std::string::npos) {
     before = text.substr(0, m);
-    body = text.substr(m + marker.size());
+    body = text.substr(sx == ToolSyntax::mistral_v11 ? m : m + marker.size());  // v11: each call has one
   } else {
+    // Without the marker: the message must be the calls (Llama 3 / v0.3: their JSON). A v11 call
+    // is a bare name without it: not told apart from text, so only marked v11 calls count.
     const std::string t = trim(text);
-    if (t.empty() || t[0] != (sx == ToolSyntax::llama3 ? '{' : '[')) {
+    if (t.empty() || sx == ToolSyntax::mistral_v11 || t[0] != (sx == ToolSyntax::llama3 ? '{' : '[')) {
       out.content = text;
       return out;
     }
@@ -306,7 +385,7 @@ ToolCallSplit split_marked(const std::string& text, ToolSyntax sx) {
 }  // namespace
 
 ToolCallSplit split_tool_calls(const std::string& text, ToolSyntax sx) {
-  if (sx == ToolSyntax::llama3 || sx == ToolSyntax::mistral) return split_marked(text, sx);
+  if (sx == ToolSyntax::llama3 || sx == ToolSyntax::mistral || sx == ToolSyntax::mistral_v11) return split_marked(text, sx);
   ToolCallSplit out;
   size_t at = 0;
   std::string content;
@@ -340,7 +419,7 @@ std::vector<ojson> ToolCallStream::push_marked(const std::string& text, bool don
   std::vector<ojson> out;
   buf_ += text;
   const std::string marker = syntax_ == ToolSyntax::llama3 ? kPythonTag : kToolCalls;
-  const char first = syntax_ == ToolSyntax::llama3 ? '{' : '[';
+  const char first = syntax_ == ToolSyntax::llama3 ? '{' : syntax_ == ToolSyntax::mistral ? '[' : '\0';  // v11: marked only
   if (!in_call_) {
     if (!started_) {
       const size_t b = buf_.find_first_not_of(" \t\r\n");
@@ -380,7 +459,8 @@ std::vector<ojson> ToolCallStream::push_marked(const std::string& text, bool don
 }
 
 std::vector<ojson> ToolCallStream::push(const std::string& text, bool done) {
-  if (syntax_ == ToolSyntax::llama3 || syntax_ == ToolSyntax::mistral) return push_marked(text, done);
+  if (syntax_ == ToolSyntax::llama3 || syntax_ == ToolSyntax::mistral || syntax_ == ToolSyntax::mistral_v11)
+    return push_marked(text, done);
   std::vector<ojson> out;
   buf_ += text;
   const std::string open = kOpen, close = kClose;

@@ -108,6 +108,8 @@ TEST(ChatGoldenReal, Llama31) { check_own("llama3.1-real"); }
 TEST(ChatGoldenReal, Llama32) { check_own("llama3.2-real"); }
 TEST(ChatGoldenReal, MistralNemo) { check_own("mistral-nemo-real"); }
 TEST(ChatGoldenReal, MistralSmall32) { check_own("mistral-small-3.2-real"); }
+TEST(ChatGoldenReal, DevstralSmall2507) { check_own("devstral-small-2507-real"); }
+TEST(ChatGoldenReal, Ministral3) { check_own("ministral-3-2512-real"); }
 TEST(ChatGoldenReal, Hermes3ToolUse) { check_own("hermes3-real"); }
 TEST(ChatGoldenReal, Qwen25) { check_own("qwen2.5-real"); }
 TEST(ChatGoldenReal, Qwen3) { check_own("qwen3-real"); }

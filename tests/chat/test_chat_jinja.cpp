@@ -83,6 +83,18 @@ TEST(ChatJinja, Filters) {
   EXPECT_EQ(R("{{ 'a\nb' | indent(2) }}|{{ 'a\nb' | indent(2, true) }}"), "a\n  b|  a\n  b");
 }
 
+// sort (Ministral 3's template orders content blocks by type): expected strings from jinja2.
+TEST(ChatJinja, Sort) {
+  EXPECT_EQ(R("{{ [3,1,2]|sort|join(',') }}"), "1,2,3");
+  EXPECT_EQ(R("{{ ['b','A','a','C']|sort|join(',') }}"), "A,a,b,C");  // case-insensitive, stable
+  EXPECT_EQ(R("{{ ['b','A','a','C']|sort(case_sensitive=true)|join(',') }}"), "A,C,a,b");
+  EXPECT_EQ(R("{{ [3,1,2]|sort(reverse=true)|join(',') }}"), "3,2,1");
+  const ordered_json ctx = {{"blocks", {{{"type", "text"}, {"v", 1}}, {{"type", "image"}, {"v", 2}}, {{"type", "text"}, {"v", 3}}}}};
+  EXPECT_EQ(R("{% for b in blocks|sort(attribute='type') %}{{ b.type }}:{{ b.v }} {% endfor %}", ctx), "image:2 text:1 text:3 ");
+  EXPECT_NE(E("{{ [1, 'a']|sort }}").find("filter 'sort' cannot compare"), std::string::npos);
+  EXPECT_NE(E("{{ [{}, {}]|sort }}").find("filter 'sort' cannot order"), std::string::npos);
+}
+
 TEST(ChatJinja, ToJson) {
   ordered_json ctx = {{"v", {{"z", 1}, {"a", {1.5, "é\"\n", nullptr, true}}, {"e", ordered_json::object()}}}};
   EXPECT_EQ(R("{{ v | tojson }}", ctx), "{\"z\": 1, \"a\": [1.5, \"é\\\"\\n\", null, true], \"e\": {}}");

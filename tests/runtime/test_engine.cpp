@@ -99,3 +99,19 @@ TEST(Engine, SeededSamplingIsReproducible) {
   auto c = e->generate("Once upon a time", opt);
   EXPECT_NE(a.output_ids, c.output_ids);
 }
+
+// GenerateOptions::keep_special_tokens (the server sets it for Mistral v11 tool calls, whose
+// [TOOL_CALLS]/[ARGS] markers are special tokens): special tokens stay in the text.
+TEST(Engine, KeepSpecialTokensInText) {
+  KVBOOST_REQUIRE_PATH(stories());
+  auto e = Engine::load(stories());
+  GenerateOptions opt;
+  opt.max_new_tokens = 3;
+  opt.forced_output = {0, 300, 0};  // <unk> (a special token), a word piece, <unk>
+  const GenerateResult dropped = e->generate("Once upon a time", opt);
+  EXPECT_EQ(dropped.text.find("<unk>"), std::string::npos) << dropped.text;
+  opt.keep_special_tokens = true;
+  const GenerateResult kept = e->generate("Once upon a time", opt);
+  EXPECT_NE(kept.text.find("<unk>"), std::string::npos) << kept.text;
+  EXPECT_EQ(kept.text.size(), dropped.text.size() + 2 * std::string("<unk>").size()) << kept.text << " | " << dropped.text;
+}

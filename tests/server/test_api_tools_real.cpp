@@ -47,6 +47,14 @@ const Real kReal[] = {
      ToolSyntax::llama3, 1, "<|eot_id|>", "<|python_tag|>", ""},
     {"mistralai-Mistral-Nemo-Instruct-2407.jinja", R"({"bos_token": "<s>", "eos_token": "</s>"})", ToolSyntax::mistral, 2,
      "</s>", "[TOOL_CALLS]", ""},
+    // Tokenizer v11+: [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}; the server keeps the markers (special
+    // tokens) in the text of such a request.
+    {"Mistral-Small-3.2-24B-Instruct-2506.jinja", R"({"bos_token": "<s>", "eos_token": "</s>"})", ToolSyntax::mistral_v11,
+     2, "</s>", "", ""},
+    {"unsloth-mistral-Devstral-Small-2507.jinja", R"({"bos_token": "<s>", "eos_token": "</s>"})", ToolSyntax::mistral_v11,
+     2, "</s>", "", ""},
+    {"mistralai-Ministral-3-14B-Reasoning-2512.jinja", R"({"bos_token": "<s>", "eos_token": "</s>"})",
+     ToolSyntax::mistral_v11, 2, "</s>", "", ""},
     {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", R"({"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"})",
      ToolSyntax::hermes, 2, "<|im_end|>", "", ""},
     {"Qwen-Qwen2.5-7B-Instruct.jinja", R"({"eos_token": "<|im_end|>"})", ToolSyntax::hermes, 2, "<|im_end|>", "", ""},
@@ -82,13 +90,13 @@ std::string assistant_turn(const std::string& cfg, const Real& r, size_t n_calls
   return turn;
 }
 
-void expect_calls(const ojson& got, size_t n, ToolSyntax sx) {
+void expect_calls(const ojson& got, size_t n, ToolSyntax sx, bool with_ids) {
   ASSERT_EQ(got.size(), n) << got.dump();
   for (size_t i = 0; i < n; ++i) {
     EXPECT_EQ(got[i]["function"]["name"], kCalls[i]["function"]["name"]);
     EXPECT_EQ(ojson::parse(got[i]["function"]["arguments"].get<std::string>()),
               ojson::parse(kCalls[i]["function"]["arguments"].get<std::string>()));
-    if (sx == ToolSyntax::mistral) {
+    if (sx == ToolSyntax::mistral || (sx == ToolSyntax::mistral_v11 && with_ids)) {
       EXPECT_EQ(got[i]["id"], kCalls[i]["id"]);  // the ids the model wrote
     }
   }
@@ -138,7 +146,8 @@ TEST(RealToolTemplates, RenderedCallsParseBack) {
       for (const std::string& text : texts) {
         const ToolCallSplit s = split_tool_calls(text, r.syntax);
         EXPECT_EQ(s.content, r.content);
-        expect_calls(s.tool_calls, n, r.syntax);
+        // (Devstral's and Ministral 3's templates write no [CALL_ID]: their calls get new ids.)
+        expect_calls(s.tool_calls, n, r.syntax, text.find("[CALL_ID]") != std::string::npos || r.syntax == ToolSyntax::mistral);
         expect_stream_equals_whole(text, r.syntax);
       }
     }
@@ -156,7 +165,7 @@ TEST(RealToolTemplates, FollowUpTurnRendersTheToolAnswer) {
     const std::string out = apply_chat_template(cfg, msgs, true, ojson{{"tools", kTools}});
     EXPECT_NE(out.find("get_weather"), std::string::npos) << out;  // the tool list and the call
     EXPECT_NE(out.find("21"), std::string::npos) << out;           // the tool's answer
-    if (r.syntax == ToolSyntax::mistral) {
+    if (r.syntax == ToolSyntax::mistral || std::string(r.file).rfind("Mistral-Small", 0) == 0) {
       EXPECT_NE(out.find("aB3dE5gH9"), std::string::npos) << out;
     }
   }
@@ -182,10 +191,12 @@ TEST(RealToolTemplates, RequiredChoiceGrammarAcceptsWhatTheParserReads) {
     const ParsedRequest p = parse_chat(body, ctx);
     ASSERT_TRUE(p.opt.grammar);
     EXPECT_EQ(p.tool_syntax, r.syntax);
+    EXPECT_EQ(p.opt.keep_special_tokens, r.syntax == ToolSyntax::mistral_v11);
     // The marker, where the family has one, is a special token: not text the grammar constrains.
     const std::string text = r.syntax == ToolSyntax::hermes
                                  ? "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
                              : r.syntax == ToolSyntax::llama3 ? "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}"
+                             : r.syntax == ToolSyntax::mistral_v11 ? "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}"
                                                               : "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]";
     grammar::Matcher m(p.opt.grammar);
     EXPECT_TRUE(m.accept_bytes(text) && m.is_complete()) << text;
