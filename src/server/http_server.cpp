@@ -147,7 +147,11 @@ struct HttpServer::Impl {
     c->waiting = true;
     c->sock.async_wait(tcp::socket::wait_read, [this, c](const error_code& ec) {
       c->waiting = false;
-      if (ec || c->closed || c->in_worker) return;
+      if (c->closed || c->in_worker) return;
+      if (ec) {  // a socket error (not a cancellation: closed ones returned above)
+        close_conn(*c);
+        return;
+      }
       on_readable(*c);
       arm(c);
     });
