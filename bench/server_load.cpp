@@ -6,6 +6,12 @@
 //
 //   server_load --port 8000 --clients 16 --duration 20 --max-tokens 64
 //   server_load --port 8000 --scaling 1,8 --duration 15 --max-tokens 32
+//   server_load --port 8000 --slow 1000 --duration 5      # slow-client test, below
+//
+// --slow N: the slow-client test. Opens N connections (from 127.0.0.2.. so that the per-client cap
+// does not refuse them) that each send one byte of a request head and then nothing, holds them,
+// and meanwhile times GET /health and short completions on new connections, one after another,
+// for --duration seconds. A server whose threads are held by idle clients fails or stalls here.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -15,6 +21,10 @@
 #include <cstdio>
 #include <mutex>
 #include <thread>
+
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -36,6 +46,7 @@ struct Args {
   bool chat = false, shared_prefix = false;
   std::string scaling;
   std::string json_out;
+  int slow = 0;
 };
 
 struct Sample {
@@ -198,6 +209,53 @@ json run_phase(const Args& a, int clients) {
   return r;
 }
 
+json run_slow(const Args& a) {
+  rlimit r{};
+  getrlimit(RLIMIT_NOFILE, &r);
+  r.rlim_cur = r.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &r);
+  std::vector<int> fds;
+  int n_failed = 0;
+  for (int i = 0; i < a.slow; ++i) {
+    const int fd = server::http_connect(a.host, a.port, 5000, "127.0.0." + std::to_string(2 + i % 100));
+    if (fd < 0) {
+      ++n_failed;
+      continue;
+    }
+    (void)!::send(fd, "P", 1, MSG_NOSIGNAL);
+    fds.push_back(fd);
+  }
+  server::Headers h;
+  if (!a.key.empty()) h.push_back({"Authorization", "Bearer " + a.key});
+  std::vector<double> health_ms, completion_ms;
+  int health_bad = 0, completion_bad = 0;
+  json body{{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}};
+  if (!a.model.empty()) body["model"] = a.model;
+  const double end = now_ms() + a.duration_s * 1000;
+  while (now_ms() < end) {
+    double t = now_ms();
+    server::HttpResponse hr = server::http_request(a.host, a.port, "GET", "/health", "", h, 10'000);
+    if (hr.status == 200) health_ms.push_back(now_ms() - t);
+    else ++health_bad;
+    t = now_ms();
+    server::HttpResponse cr = server::http_request(a.host, a.port, "POST", "/v1/completions", body.dump(), h, 30'000);
+    if (cr.status == 200) completion_ms.push_back(now_ms() - t);
+    else ++completion_bad;
+  }
+  for (int fd : fds) ::close(fd);
+  json out{{"slow_connections", int(fds.size())},       {"slow_connect_failed", n_failed},
+           {"health_ok", int(health_ms.size())},        {"health_failed", health_bad},
+           {"health_ms_p50", pct(health_ms, 50)},       {"health_ms_max", pct(health_ms, 100)},
+           {"completion_ok", int(completion_ms.size())}, {"completion_failed", completion_bad},
+           {"completion_ms_p50", pct(completion_ms, 50)}, {"completion_ms_max", pct(completion_ms, 100)}};
+  std::printf(
+      "slow clients %d (connect failed %d) | /health %d ok, %d failed, p50 %.2f ms, max %.2f ms | completions (8 tok) %d "
+      "ok, %d failed, p50 %.1f ms, max %.1f ms\n",
+      int(fds.size()), n_failed, int(health_ms.size()), health_bad, pct(health_ms, 50), pct(health_ms, 100),
+      int(completion_ms.size()), completion_bad, pct(completion_ms, 50), pct(completion_ms, 100));
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -216,7 +274,19 @@ int main(int argc, char** argv) {
   app.add_flag("--shared-prefix", a.shared_prefix, "Same prompt for every request (prefix cache hits)");
   app.add_option("--scaling", a.scaling, "Comma-separated concurrencies to run one after another, e.g. 1,8");
   app.add_option("--json", a.json_out, "Write the results as JSON to this file");
+  app.add_option("--slow", a.slow, "The slow-client test: hold this many idle connections, time new clients");
   CLI11_PARSE(app, argc, argv);
+  if (a.slow > 0) {
+    const json r = run_slow(a);
+    if (!a.json_out.empty()) {
+      FILE* f = std::fopen(a.json_out.c_str(), "w");
+      if (f) {
+        std::fputs(r.dump(2).c_str(), f);
+        std::fclose(f);
+      }
+    }
+    return r["health_failed"].get<int>() + r["completion_failed"].get<int>() > 0 ? 1 : 0;
+  }
   std::vector<int> phases;
   if (a.scaling.empty()) {
     phases.push_back(a.clients);

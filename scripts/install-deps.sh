@@ -28,7 +28,7 @@ apt_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libsimde-dev
   python3-venv python3-torch python3-numpy
   clang-14 libclang-rt-14-dev libomp-14-dev
-  libhiredis-dev redis-server ccache
+  libhiredis-dev redis-server ccache libboost1.74-dev
   python3-dev pybind11-dev
 )
 

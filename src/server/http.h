@@ -1,8 +1,9 @@
-// Internal to kvboost_server: a small HTTP/1.1 server and client on POSIX sockets — exactly what
-// an OpenAI-style API needs: persistent connections (HTTP/1.1 keep-alive, pipelined requests
+// Internal to kvboost_server: the HTTP/1.1 server on Boost.Beast + Boost.Asio (Debian
+// libboost1.74-dev, header-only), and a small client on POSIX sockets (tests, bench/server_load).
+// What an OpenAI-style API needs: persistent connections (HTTP/1.1 keep-alive, pipelined requests
 // answered in order), Content-Length and chunked request bodies with size limits, chunked
 // responses for Server-Sent Events, and a way to notice that the peer went away while a response
-// is still being produced (to cancel its work). Why our own and not cpp-httplib: see
+// is still being produced (to cancel its work). Why not cpp-httplib's server: see
 // docs/reliability.md (its thread-per-connection pool is starved by slow clients).
 #pragma once
 
@@ -52,15 +53,20 @@ struct HttpServerOptions {
   std::function<void(int status)> on_error;
 };
 
-// The incremental HTTP/1.1 request parser (strict framing, RFC 9112): CRLF line ends only (a bare
-// LF or CR is refused at once), no obsolete line folding, no whitespace before a header's colon,
-// at most one Content-Length, of digits; Transfer-Encoding exactly "chunked" and never together
-// with Content-Length. Request bodies: Content-Length or chunked (decoded; trailers dropped).
+// The incremental HTTP/1.1 request parser: Boost.Beast's request_parser (header_limit =
+// max_header_bytes, body_limit = max_body_bytes, chunked bodies decoded by Beast), plus the few
+// checks where Beast is laxer than our framing rules (RFC 9112): a bare LF or CR anywhere in the
+// head is refused at once (before the head is complete), no obsolete line folding, at most one
+// Content-Length and no list in it, Transfer-Encoding exactly "chunked", never together with
+// Content-Length and never in HTTP/1.0, HTTP/1.0 or 1.1 only, an absolute-path target.
 class RequestParser {
  public:
   enum class State { kNeedMore, kDone, kError };
   enum class Phase { kIdle, kHead, kBody };
-  explicit RequestParser(const HttpServerOptions* lim) : lim_(lim) {}
+  explicit RequestParser(const HttpServerOptions* lim);
+  ~RequestParser();
+  RequestParser(const RequestParser&) = delete;
+  RequestParser& operator=(const RequestParser&) = delete;
   // Feeds more bytes. kDone: take() the request; the bytes after it stay buffered (pipelining)
   // and reset() starts parsing them. kError: error_status()/error()/error_code() say why.
   State feed(std::string_view data);
@@ -74,17 +80,20 @@ class RequestParser {
   const std::string& error_code() const { return err_code_; }
 
  private:
+  struct Beast;  // the Beast parser (http_parser.cpp), kept out of this header
   State fail(int status, std::string why, std::string code);
   State parse();
-  State parse_head(size_t head_end);
+  State check_head(size_t head_end);  // our checks on a complete head, before Beast sees it
+  State check_fields();               // our checks on the fields Beast parsed
+  void finish();
+
   const HttpServerOptions* lim_;
+  std::unique_ptr<Beast> beast_;
   std::string buf_;
-  size_t pos_ = 0;   // parse position in buf_
+  size_t pos_ = 0;   // bytes of buf_ consumed (by Beast, or leading CRLFs)
   size_t scan_ = 0;  // head: bytes already checked for bare CR/LF
+  bool head_checked_ = false, header_done_ = false;
   State state_ = State::kNeedMore;
-  enum class Step { kHead, kLength, kChunkSize, kChunkData, kChunkCrlf, kTrailers } step_ = Step::kHead;
-  int64_t left_ = 0;  // kLength / kChunkData: bytes left
-  size_t trailer_start_ = 0;
   bool continue_ = false;
   HttpRequest req_;
   int err_status_ = 0;
@@ -129,8 +138,9 @@ class HttpConn {
   std::string peer_;
 };
 
-// The server side: one event-loop thread (epoll) reads every connection and parses requests
-// without blocking; only complete requests reach the bounded pool of handler threads. Slow or
+// The server side: one Asio io_context thread accepts and reads every connection and parses
+// requests (Beast) without blocking; only complete requests reach the bounded pool of handler
+// threads. Slow or
 // idle clients therefore cost a socket and a buffer, never a thread, and cannot starve others.
 // After a handler the connection goes back to the event loop (keep-alive) or is closed.
 class HttpServer {

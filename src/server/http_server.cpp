@@ -1,25 +1,29 @@
-// The server side of http.h: one epoll event loop that accepts, reads and parses every
-// connection, and a bounded pool of handler threads that see complete requests only.
+// The server side of http.h on Boost.Asio: one io_context thread accepts, waits for and reads
+// every connection and feeds its bytes to the request parser (Boost.Beast, http_parser.cpp); a
+// bounded pool of handler threads sees complete requests only.
 //
-// A connection is always in exactly one place: in the event loop (registered with epoll, its
-// parser filling) or with one handler thread (removed from epoll; the handler writes the response
-// on the non-blocking socket). The loop alone creates, counts and closes connections; handlers
-// hand theirs back through `back` and an eventfd.
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
+// A connection is always in exactly one place: with the io_context (a read wait armed, its parser
+// filling) or with one handler thread (no wait armed; the handler writes the response on the
+// non-blocking socket, http.cpp). The io_context thread alone creates, counts and closes
+// connections; a handler hands its connection back by posting to the io_context.
+//
+// Why readiness waits (socket::async_wait + a non-blocking recv into one shared buffer) rather
+// than async_read_some into a buffer per connection: an idle or slow connection then costs a
+// socket and its parser's few bytes, not a 64 KiB read buffer -- thousands of them are cheap.
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
-#include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -28,32 +32,33 @@
 
 namespace kvboost::server {
 
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using boost::system::error_code;
+
 namespace {
 
 struct Conn {
+  tcp::socket sock;
   int fd = -1;
+  uint64_t id = 0;
   std::string peer;
   RequestParser parser;
   RequestParser::Phase phase = RequestParser::Phase::kIdle;
   double since = 0, deadline = 0;  // the current phase's start and deadline (ms)
   bool fresh = true;               // no request yet: idle time counts as header time
   bool in_worker = false;
+  bool waiting = false;   // a read wait is armed
+  bool closed = false;
   bool draining = false;  // answered an error (or refused): dropping input until EOF or deadline
   bool counted = true;    // counts against the connection caps (refused ones do not)
   size_t drained = 0;
   HttpRequest req;        // while in_worker
   bool close_after = false;
-  explicit Conn(const HttpServerOptions* o) : parser(o) {}
+  Conn(tcp::socket s, const HttpServerOptions* o) : sock(std::move(s)), parser(o) { fd = sock.native_handle(); }
 };
 
-std::string peer_address(const sockaddr_storage& ss) {
-  char buf[INET6_ADDRSTRLEN] = "?";
-  if (ss.ss_family == AF_INET)
-    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr, buf, sizeof buf);
-  else if (ss.ss_family == AF_INET6)
-    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof buf);
-  return buf;
-}
+using ConnPtr = std::shared_ptr<Conn>;
 
 // A small response on a non-blocking socket, best effort (an error reply, or a refusal).
 void send_small(int fd, int status, const std::string& body, const char* extra) {
@@ -63,37 +68,46 @@ void send_small(int fd, int status, const std::string& body, const char* extra) 
   (void)!::send(fd, h.data(), h.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+std::string peer_address(const tcp::socket& s) {
+  error_code ec;
+  const tcp::endpoint ep = s.remote_endpoint(ec);
+  if (ec) return "?";
+  asio::ip::address a = ep.address();
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+  return a.to_string();
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
+  // Declared first: destroyed last, after every socket, timer and pending handler.
+  asio::io_context ioc{1};
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  tcp::acceptor acceptor{ioc};
+  asio::steady_timer sweep{ioc}, accept_retry{ioc};
   HttpServerOptions opt;
   Handler handler;
-  int listen_fd = -1, port = 0, ep = -1, wake_fd = -1;
+  int port = 0;
   std::thread loop_thread;
   std::vector<std::thread> workers;
   bool started = false;
 
   std::mutex jobs_mu;
   std::condition_variable jobs_cv;
-  std::deque<Conn*> jobs;
+  std::deque<ConnPtr> jobs;
   bool workers_stop = false;
 
-  std::mutex back_mu;
-  std::vector<Conn*> back;
-
-  // The event loop's own.
-  std::unordered_map<int, std::unique_ptr<Conn>> conns;
+  // The io_context thread's own.
+  std::unordered_map<uint64_t, ConnPtr> conns;
   std::unordered_map<std::string, int> per_client;
   int n_counted = 0, n_in_worker = 0;
+  uint64_t next_id = 1;
+  bool finished = false;
+  char rbuf[65536];
 
   std::atomic<int> n_open{0};
   std::atomic<int64_t> n_refused{0};
   std::atomic<bool> stop_accept{false}, stopping{false};
-
-  void wake() {
-    const uint64_t one = 1;
-    (void)!::write(wake_fd, &one, sizeof one);
-  }
 
   std::string error_body(int status, const std::string& why, const std::string& code) {
     if (opt.on_error) opt.on_error(status);
@@ -115,15 +129,32 @@ struct HttpServer::Impl {
   }
 
   void close_conn(Conn& c) {
-    if (!c.in_worker) ::epoll_ctl(ep, EPOLL_CTL_DEL, c.fd, nullptr);
+    if (c.closed) return;
+    c.closed = true;
     if (c.counted) {
       --n_counted;
       if (--per_client[c.peer] <= 0) per_client.erase(c.peer);
     }
-    ::close(c.fd);
-    const int fd = c.fd;
-    conns.erase(fd);  // destroys c
+    error_code ec;
+    c.sock.close(ec);  // cancels an armed wait (its handler sees operation_aborted)
+    const uint64_t id = c.id;
+    conns.erase(id);   // the wait handler may still hold the last reference
     n_open = n_counted;
+  }
+
+  void arm(const ConnPtr& c) {
+    if (c->waiting || c->closed || c->in_worker) return;
+    c->waiting = true;
+    c->sock.async_wait(tcp::socket::wait_read, [this, c](const error_code& ec) {
+      c->waiting = false;
+      if (c->closed || c->in_worker) return;
+      if (ec) {  // a socket error (not a cancellation: closed ones returned above)
+        close_conn(*c);
+        return;
+      }
+      on_readable(*c);
+      arm(c);
+    });
   }
 
   // Answers an error the layer found itself, then drains: reads and drops what the client still
@@ -131,20 +162,20 @@ struct HttpServer::Impl {
   void answer_and_drain(Conn& c, int status, const std::string& why, const std::string& code) {
     const char* extra = status == 503 || status == 429 ? "Retry-After: 1\r\n" : "";
     send_small(c.fd, status, error_body(status, why, code), extra);
-    ::shutdown(c.fd, SHUT_WR);
+    error_code ec;
+    c.sock.shutdown(tcp::socket::shutdown_send, ec);
     c.draining = true;
     c.deadline = now_ms() + 500;
   }
 
   void dispatch(Conn& c) {
     c.req = c.parser.take();
-    ::epoll_ctl(ep, EPOLL_CTL_DEL, c.fd, nullptr);
     c.in_worker = true;
     c.fresh = false;
     ++n_in_worker;
     {
       std::lock_guard<std::mutex> l(jobs_mu);
-      jobs.push_back(&c);
+      jobs.push_back(conns.at(c.id));
     }
     jobs_cv.notify_one();
   }
@@ -166,9 +197,8 @@ struct HttpServer::Impl {
   }
 
   void on_readable(Conn& c) {
-    char buf[65536];
     for (int round = 0; round < 4; ++round) {  // at most 256 KiB per wake-up: fair to the others
-      const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+      const ssize_t n = ::recv(c.fd, rbuf, sizeof rbuf, MSG_DONTWAIT);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n <= 0) {  // EOF or reset: nothing more will come; a partial request is dropped
@@ -183,7 +213,7 @@ struct HttpServer::Impl {
         }
         continue;
       }
-      c.parser.feed(std::string_view(buf, size_t(n)));
+      c.parser.feed(std::string_view(rbuf, size_t(n)));
       after_parse(c);
       if (c.in_worker || c.draining) return;
     }
@@ -193,7 +223,7 @@ struct HttpServer::Impl {
   // progress (idle, or still sending headers). False when every connection is busy.
   bool evict_one() {
     Conn* victim = nullptr;
-    for (auto& [fd, cp] : conns) {
+    for (auto& [id, cp] : conns) {
       Conn& c = *cp;
       if (c.in_worker || c.draining || !c.counted || c.phase == RequestParser::Phase::kBody) continue;
       if (!victim || c.since < victim->since) victim = &c;
@@ -204,100 +234,93 @@ struct HttpServer::Impl {
     return true;
   }
 
-  void refuse(int fd, const std::string& peer, int status, const std::string& why, const std::string& code) {
-    n_refused.fetch_add(1);
-    auto c = std::make_unique<Conn>(&opt);
-    c->fd = fd;
+  ConnPtr add(tcp::socket s, const std::string& peer, bool counted) {
+    auto c = std::make_shared<Conn>(std::move(s), &opt);
+    c->id = next_id++;
     c->peer = peer;
-    c->counted = false;
-    Conn& r = *c;
-    conns[fd] = std::move(c);
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.fd = fd;
-    ::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
-    answer_and_drain(r, status, why, code);
-  }
-
-  void accept_all() {
-    for (;;) {
-      sockaddr_storage ss{};
-      socklen_t len = sizeof ss;
-      const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EMFILE || errno == ENFILE) {
-          // Out of file descriptors: make room rather than spin on a readable listener.
-          if (!evict_one()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        }
-        return;
-      }
-      const int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // stream tokens as they come
-      const std::string peer = peer_address(ss);
-      auto pc = per_client.find(peer);
-      if (pc != per_client.end() && pc->second >= opt.max_connections_per_client) {
-        refuse(fd, peer, 429,
-               "too many open connections from " + peer + " (limit " + std::to_string(opt.max_connections_per_client) +
-                   ")",
-               "too_many_connections");
-        continue;
-      }
-      if (n_counted >= opt.max_connections && !evict_one()) {
-        refuse(fd, peer, 503, "too many open connections", "too_many_connections");
-        continue;
-      }
-      auto c = std::make_unique<Conn>(&opt);
-      c->fd = fd;
-      c->peer = peer;
-      set_phase(*c, RequestParser::Phase::kIdle);
-      epoll_event ev{};
-      ev.events = EPOLLIN | EPOLLRDHUP;
-      ev.data.fd = fd;
-      if (::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) != 0) {
-        ::close(fd);
-        continue;
-      }
-      conns[fd] = std::move(c);
+    c->counted = counted;
+    conns[c->id] = c;
+    if (counted) {
       ++n_counted;
       ++per_client[peer];
       n_open = n_counted;
     }
+    return c;
   }
 
-  // Connections handlers gave back: closed, or registered again for the next request (which may
-  // already be buffered: pipelining).
-  void take_back() {
-    std::vector<Conn*> got;
-    {
-      std::lock_guard<std::mutex> l(back_mu);
-      got.swap(back);
+  void refuse(tcp::socket s, const std::string& peer, int status, const std::string& why, const std::string& code) {
+    n_refused.fetch_add(1);
+    ConnPtr c = add(std::move(s), peer, false);
+    answer_and_drain(*c, status, why, code);
+    arm(c);
+  }
+
+  void on_accept(tcp::socket s) {
+    error_code ec;
+    s.set_option(tcp::no_delay(true), ec);  // stream tokens as they come
+    s.non_blocking(true, ec);               // handlers write with poll() and a send deadline
+    const std::string peer = peer_address(s);
+    auto pc = per_client.find(peer);
+    if (pc != per_client.end() && pc->second >= opt.max_connections_per_client) {
+      refuse(std::move(s), peer, 429,
+             "too many open connections from " + peer + " (limit " + std::to_string(opt.max_connections_per_client) +
+                 ")",
+             "too_many_connections");
+      return;
     }
-    for (Conn* c : got) {
-      --n_in_worker;
-      c->in_worker = false;
-      if (c->close_after || stopping) {
-        ::shutdown(c->fd, SHUT_WR);
-        c->in_worker = true;  // not registered with epoll
-        close_conn(*c);
-        continue;
+    if (n_counted >= opt.max_connections && !evict_one()) {
+      refuse(std::move(s), peer, 503, "too many open connections", "too_many_connections");
+      return;
+    }
+    ConnPtr c = add(std::move(s), peer, true);
+    set_phase(*c, RequestParser::Phase::kIdle);
+    arm(c);
+  }
+
+  void do_accept() {
+    if (stop_accept || !acceptor.is_open()) return;
+    acceptor.async_accept([this](const error_code& ec, tcp::socket s) {
+      if (ec == asio::error::operation_aborted || stop_accept) return;
+      if (ec == asio::error::no_descriptors || ec.value() == ENFILE) {
+        // Out of file descriptors: make room rather than spin on a readable listener.
+        if (!evict_one()) {
+          accept_retry.expires_after(std::chrono::milliseconds(5));
+          accept_retry.async_wait([this](const error_code& e) {
+            if (!e) do_accept();
+          });
+          return;
+        }
+      } else if (!ec) {
+        on_accept(std::move(s));
       }
-      epoll_event ev{};
-      ev.events = EPOLLIN | EPOLLRDHUP;
-      ev.data.fd = c->fd;
-      ::epoll_ctl(ep, EPOLL_CTL_ADD, c->fd, &ev);
-      c->parser.reset();
-      set_phase(*c, c->parser.phase());
-      after_parse(*c);
+      do_accept();
+    });
+  }
+
+  // A connection its handler gave back: closed, or read again for the next request (which may
+  // already be buffered: pipelining).
+  void take_back(const ConnPtr& c) {
+    --n_in_worker;
+    c->in_worker = false;
+    if (c->close_after || stopping) {
+      error_code ec;
+      c->sock.shutdown(tcp::socket::shutdown_send, ec);
+      close_conn(*c);
+      maybe_finish();
+      return;
     }
+    c->parser.reset();
+    set_phase(*c, c->parser.phase());
+    after_parse(*c);
+    arm(c);
   }
 
   void check_deadlines() {
     const double now = now_ms();
-    std::vector<Conn*> due;
-    for (auto& [fd, c] : conns)
-      if (!c->in_worker && c->deadline <= now) due.push_back(c.get());
-    for (Conn* c : due) {
+    std::vector<ConnPtr> due;
+    for (auto& [id, c] : conns)
+      if (!c->in_worker && c->deadline <= now) due.push_back(c);
+    for (const ConnPtr& c : due) {
       if (c->draining || c->phase == RequestParser::Phase::kIdle) {
         close_conn(*c);
       } else if (c->phase == RequestParser::Phase::kHead) {
@@ -313,56 +336,45 @@ struct HttpServer::Impl {
     }
   }
 
-  void loop() {
-    epoll_event events[256];
-    double last_check = 0;
-    for (;;) {
-      if (stop_accept && listen_fd >= 0) {
-        ::epoll_ctl(ep, EPOLL_CTL_DEL, listen_fd, nullptr);
-        ::close(listen_fd);
-        listen_fd = -1;
+  // Stopping: idle connections go now; busy ones when their handler gives them back. Then the
+  // io_context runs out of work and its thread returns.
+  void maybe_finish() {
+    if (!stopping || finished) return;
+    std::vector<ConnPtr> idle;
+    for (auto& [id, c] : conns)
+      if (!c->in_worker) idle.push_back(c);
+    for (const ConnPtr& c : idle) close_conn(*c);
+    if (n_in_worker > 0) return;
+    finished = true;
+    error_code ec;
+    acceptor.close(ec);
+    sweep.cancel();
+    accept_retry.cancel();
+    work.reset();
+  }
+
+  void arm_sweep() {
+    sweep.expires_after(std::chrono::milliseconds(20));
+    sweep.async_wait([this](const error_code& ec) {
+      if (ec || finished) return;
+      if (stop_accept && acceptor.is_open()) {
+        error_code e;
+        acceptor.close(e);
       }
-      if (stopping) {
-        // Idle connections go now; busy ones when their handler gives them back.
-        std::vector<Conn*> idle;
-        for (auto& [fd, c] : conns)
-          if (!c->in_worker) idle.push_back(c.get());
-        for (Conn* c : idle) close_conn(*c);
-        if (n_in_worker == 0) {
-          std::lock_guard<std::mutex> l(back_mu);
-          if (back.empty()) return;
-        }
-      }
-      const int n = ::epoll_wait(ep, events, 256, 20);
-      for (int i = 0; i < n; ++i) {
-        const int fd = events[i].data.fd;
-        if (fd == listen_fd) {
-          accept_all();
-        } else if (fd == wake_fd) {
-          uint64_t v;
-          (void)!::read(wake_fd, &v, sizeof v);
-        } else {
-          auto it = conns.find(fd);
-          if (it != conns.end() && !it->second->in_worker) on_readable(*it->second);
-        }
-      }
-      take_back();
-      const double now = now_ms();
-      if (now - last_check >= 20) {
-        last_check = now;
-        check_deadlines();
-      }
-    }
+      if (stopping) maybe_finish();
+      else check_deadlines();
+      if (!finished) arm_sweep();
+    });
   }
 
   void worker() {
     for (;;) {
-      Conn* c;
+      ConnPtr c;
       {
         std::unique_lock<std::mutex> l(jobs_mu);
         jobs_cv.wait(l, [&] { return workers_stop || !jobs.empty(); });
         if (jobs.empty()) return;
-        c = jobs.front();
+        c = std::move(jobs.front());
         jobs.pop_front();
       }
       HttpConn hc(c->fd, opt.send_timeout_ms);
@@ -375,11 +387,7 @@ struct HttpServer::Impl {
       }
       c->close_after = !hc.keep_alive();
       c->req = HttpRequest{};
-      {
-        std::lock_guard<std::mutex> l(back_mu);
-        back.push_back(c);
-      }
-      wake();
+      asio::post(ioc, [this, c] { take_back(c); });
     }
   }
 };
@@ -396,72 +404,54 @@ HttpServer::HttpServer(HttpServerOptions opt, Handler handler) : impl_(std::make
   impl_->handler = std::move(handler);
 }
 
-HttpServer::~HttpServer() {
-  stop();
-  if (impl_->listen_fd >= 0) ::close(impl_->listen_fd);
-  if (impl_->ep >= 0) ::close(impl_->ep);
-  if (impl_->wake_fd >= 0) ::close(impl_->wake_fd);
-}
+HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::bind(const std::string& host, int port) {
   Impl& s = *impl_;
   if (port < 0 || port > 65535) fail("port ", port, " is out of range [0, 65535]");
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  const std::string service = std::to_string(port);
-  const int gai = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
-  if (gai != 0) fail("cannot resolve host '", host, "': ", gai_strerror(gai));
+  error_code ec;
+  tcp::resolver resolver(s.ioc);
+  const auto results = resolver.resolve(host, std::to_string(port),
+                                        tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec) fail("cannot resolve host '", host, "': ", ec.message());
   std::string last_err = "no address";
-  for (addrinfo* a = res; a; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-    if (fd < 0) {
-      last_err = std::strerror(errno);
+  for (const auto& r : results) {
+    error_code e;
+    s.acceptor.open(r.endpoint().protocol(), e);
+    if (!e) s.acceptor.set_option(tcp::acceptor::reuse_address(true), e);
+    if (!e) s.acceptor.bind(r.endpoint(), e);
+    if (!e) s.acceptor.listen(1024, e);
+    if (e) {
+      last_err = e.message();
+      error_code ignored;
+      s.acceptor.close(ignored);
       continue;
     }
-    const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 1024) != 0) {
-      last_err = std::strerror(errno);
-      ::close(fd);
-      continue;
-    }
-    sockaddr_storage ss{};
-    socklen_t len = sizeof ss;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-    s.port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-                                      : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-    s.listen_fd = fd;
+    s.port = s.acceptor.local_endpoint(e).port();
     break;
   }
-  ::freeaddrinfo(res);
-  if (s.listen_fd < 0) fail("cannot listen on ", host, ":", port, ": ", last_err);
+  if (!s.acceptor.is_open()) fail("cannot listen on ", host, ":", port, ": ", last_err);
 }
 
 int HttpServer::port() const { return impl_->port; }
 
 void HttpServer::start() {
   Impl& s = *impl_;
-  if (s.listen_fd < 0) fail("HttpServer::start before bind");
-  s.ep = ::epoll_create1(EPOLL_CLOEXEC);
-  s.wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (s.ep < 0 || s.wake_fd < 0) fail("cannot create the HTTP event loop: ", std::strerror(errno));
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = s.listen_fd;
-  ::epoll_ctl(s.ep, EPOLL_CTL_ADD, s.listen_fd, &ev);
-  ev.data.fd = s.wake_fd;
-  ::epoll_ctl(s.ep, EPOLL_CTL_ADD, s.wake_fd, &ev);
+  if (!s.acceptor.is_open()) fail("HttpServer::start before bind");
+  s.work.emplace(s.ioc.get_executor());
   s.started = true;
   for (int i = 0; i < s.opt.n_workers; ++i) s.workers.emplace_back([&s] { s.worker(); });
-  s.loop_thread = std::thread([&s] { s.loop(); });
+  s.do_accept();
+  s.arm_sweep();
+  s.loop_thread = std::thread([&s] { s.ioc.run(); });
 }
 
 void HttpServer::stop_accepting() {
   impl_->stop_accept = true;
-  if (impl_->started) impl_->wake();
+  if (impl_->started) asio::post(impl_->ioc, [&s = *impl_] {
+      error_code ec;
+      s.acceptor.close(ec);
+    });
 }
 
 void HttpServer::stop() {
@@ -469,7 +459,7 @@ void HttpServer::stop() {
   if (!s.started) return;
   s.stop_accept = true;
   s.stopping = true;
-  s.wake();
+  asio::post(s.ioc, [&s] { s.maybe_finish(); });
   if (s.loop_thread.joinable()) s.loop_thread.join();
   {
     std::lock_guard<std::mutex> l(s.jobs_mu);

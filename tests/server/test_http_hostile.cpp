@@ -316,6 +316,58 @@ TEST(HttpHostile, ChunkedRequestBody) {
   EXPECT_NE(got.find("\"choices\""), std::string::npos) << got;
 }
 
+// The HTTP library's paths our handlers rely on, over real HTTP: 100-continue, pipelined
+// requests answered in order, the header and body limits, and the framing checks we add where
+// Beast is laxer (equal duplicate Content-Length, a Content-Length list, obs-fold).
+TEST(HttpHostile, ContinuePipeliningLimitsAndLaxFraming) {
+  ServerOptions o;
+  o.max_body_bytes = 4096;
+  TestServer s(o);
+  const std::string body = json{{"model", "tiny"}, {"prompt", "hi"}, {"max_tokens", 2}}.dump();
+  {
+    const int fd = server::http_connect("127.0.0.1", s.port, 5000);
+    ASSERT_GE(fd, 0);
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nConnection: close\r\n"
+                             "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+    ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), ssize_t(head.size()));
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    EXPECT_EQ(std::string(buf, size_t(n)).rfind("HTTP/1.1 100 Continue\r\n\r\n", 0), 0u) << std::string(buf, size_t(n));
+    ASSERT_EQ(::send(fd, body.data(), body.size(), MSG_NOSIGNAL), ssize_t(body.size()));
+    std::string got;
+    for (ssize_t k; (k = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(k));
+    ::close(fd);
+    EXPECT_NE(got.find("HTTP/1.1 200"), std::string::npos) << got;
+    EXPECT_NE(got.find("\"choices\""), std::string::npos) << got;
+  }
+  // Three pipelined requests in one write: three answers, in order.
+  std::string got = talk(s.port, "GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+                                 "GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(count_responses(got), 3) << got;
+  const size_t a = got.find("HTTP/1.1 200"), b = got.find("\"object\":\"list\""), c = got.find("HTTP/1.1 404");
+  EXPECT_TRUE(a != std::string::npos && b != std::string::npos && c != std::string::npos && a < b && b < c) << got;
+  // Limits: 431 for a head over 64 KiB, 413 for a body over max_body_bytes.
+  got = talk(s.port, "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(70 << 10, 'a') + "\r\n\r\n");
+  EXPECT_EQ(got.rfind("HTTP/1.1 431", 0), 0u) << got.substr(0, 200);
+  got = talk(s.port, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n" + std::string(5000, '{'));
+  EXPECT_EQ(got.rfind("HTTP/1.1 413", 0), 0u) << got.substr(0, 200);
+  // Framing Beast alone would accept.
+  for (const std::string& bad : std::vector<std::string>{
+           "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+            "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) + ", " +
+            std::to_string(body.size()) + "\r\n\r\n" + body,
+        "GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"}) {
+    got = talk(s.port, bad);
+    EXPECT_TRUE(got.rfind("HTTP/1.1 400", 0) == 0 || got.rfind("HTTP/1.1 501", 0) == 0) << bad << " -> " << got;
+    EXPECT_EQ(count_responses(got), 1) << got;
+  }
+}
+
 TEST(HttpHostile, Cors) {
   {
     TestServer s;  // default: no CORS
