@@ -58,13 +58,18 @@ int lookup_draft(const std::vector<int32_t>& h, int ngram, int k, std::vector<in
 }
 
 int adaptive_draft_length(double a, int k_max, double row_cost) {
+  return adaptive_draft_length(a, k_max, row_cost, nullptr, 0);
+}
+
+int adaptive_draft_length(double a, int k_max, double row_cost, const double* cost_k, int n_cost) {
   a = std::clamp(a, 0.0, 0.999);
   int best = 0;
   double best_v = 1.0, e = 1.0, ai = 1.0;
   for (int k = 1; k <= k_max; ++k) {
     ai *= a;
     e += ai;  // sum_{i=0..k} a^i
-    const double v = e / (1.0 + row_cost * k);
+    const double c = cost_k && k < n_cost && cost_k[k] > 0 ? cost_k[k] : 1.0 + row_cost * k;
+    const double v = e / c;
     if (v > best_v + 1e-9) best_v = v, best = k;
   }
   return best;
@@ -278,7 +283,12 @@ int64_t Engine::Impl::spec_plan(Request::State& r, int64_t n_decoding) {
   const int64_t left = std::min<int64_t>(int64_t(r.opt.max_new_tokens) - int64_t(r.res.output_ids.size()) - 1,
                                          context_length() - int64_t(r.history.size()));
   const double row_cost = spec_row_cost_ + (sp.mode == SpecMode::kDraft ? draft_model_cost(*draft_) : 0.0);
-  int k = sp.adaptive ? adaptive_draft_length(sp.rate(), sp.k_max, row_cost) : sp.k_max;
+  // Alone in the step: the cost of each draft length as measured (plus the draft model's passes).
+  double cost_k[33];
+  const int n_cost = n_decoding == 1 ? int(spec_k_cost_.size()) : 0;
+  const double extra = sp.mode == SpecMode::kDraft ? draft_model_cost(*draft_) : 0.0;
+  for (int i = 0; i < n_cost; ++i) cost_k[i] = spec_k_cost_[size_t(i)] > 0 ? spec_k_cost_[size_t(i)] + extra * i : 0.0;
+  int k = sp.adaptive ? adaptive_draft_length(sp.rate(), sp.k_max, row_cost, cost_k, n_cost) : sp.k_max;
   k = int(std::min<int64_t>(k, left));
   if (k <= 0) {
     // Not speculating: the estimate drifts back to its prior so that speculation is retried.
@@ -372,6 +382,11 @@ void Engine::Impl::spec_observe(const StepStats& ss) {
   } else if (plain > 0) {
     const double r = std::clamp((ss.forward_ms / plain - 1.0) / double(ss.n_drafted), 0.005, 2.0);
     spec_row_cost_ = 0.8 * spec_row_cost_ + 0.2 * r;
+    if (ss.n_decode == 1 && ss.n_drafted < int64_t(spec_k_cost_.size())) {
+      double& c = spec_k_cost_[size_t(ss.n_drafted)];
+      const double m = std::clamp(ss.forward_ms / plain, 1.0, 1.0 + 2.0 * double(ss.n_drafted));
+      c = c > 0 ? 0.8 * c + 0.2 * m : m;
+    }
   }
 }
 

@@ -44,6 +44,9 @@ int lookup_draft(const std::vector<int32_t>& h, int ngram, int k, std::vector<in
 // The draft length that maximizes expected tokens per unit of cost: with per-draft acceptance
 // a, k drafts yield (1 - a^(k+1)) / (1 - a) tokens for a pass costing 1 + row_cost * k.
 int adaptive_draft_length(double a, int k_max, double row_cost);
+// The same with a measured cost per k: cost[k] (k = 1 .. k_max, relative to a plain pass) where
+// positive, else 1 + row_cost * k.
+int adaptive_draft_length(double a, int k_max, double row_cost, const double* cost_k, int n_cost);
 
 // One verified row: the token the request emits there, and whether it is the draft's.
 // Greedy: the argmax (penalties applied) as plain decoding picks it; accepted when it equals the
