@@ -5,6 +5,8 @@
 //   kvboost-fixture --preset qwen2.5-0.5b --dtype f16 --quant awq --group-size 128 --out /tmp/q05-awq
 //   kvboost-fixture --arch llama --intermediate 192 --quant awq --group-size 32 --out /tmp/a
 //       --dequant-out /tmp/a-ref     (also the f32 model the AWQ one exactly represents)
+//   kvboost-fixture --grow-from ../shared/models/stories260K --extra-layers 16 --intermediate 1024
+//       --residual-scale 5 --out /tmp/grown   (a larger Llama stories260K drafts for; fixture.h)
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -48,8 +50,29 @@ int main(int argc, char** argv) {
   app.add_option("--awq-not-convert", not_convert, "AWQ modules_to_not_convert (kept in --dtype)")->delimiter(',');
   app.add_option("--dequant-out", dequant_out,
                  "With --quant: also write the exactly dequantized model here (f32 safetensors)");
+  std::string grow_from;
+  int64_t extra_layers = 16;
+  float residual_scale = 5.0f;
+  app.add_option("--grow-from", grow_from,
+                 "Write a larger Llama grown around this one instead (its layers zero-padded to --intermediate, "
+                 "then --extra-layers random layers with o/down projections scaled by --residual-scale)");
+  app.add_option("--extra-layers", extra_layers, "With --grow-from")->capture_default_str();
+  app.add_option("--residual-scale", residual_scale, "With --grow-from")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
+    if (!grow_from.empty()) {
+      kvboost::GrownSpec g;
+      g.base_dir = grow_from;
+      g.extra_layers = extra_layers;
+      g.residual_scale = residual_scale;
+      if (intermediate) g.intermediate = *intermediate;
+      if (dtype) g.dtype = *dtype;
+      if (seed) g.seed = *seed;
+      kvboost::write_grown_model(out, g);
+      std::printf("wrote %s (grown from %s: +%lld layers, residual scale %g)\n", out.c_str(), grow_from.c_str(),
+                  (long long)extra_layers, double(residual_scale));
+      return 0;
+    }
     kvboost::FixtureSpec s = kvboost::fixture_preset(preset);
     if (arch) s.arch = *arch;
     if (dtype) s.dtype = *dtype;

@@ -84,6 +84,9 @@ struct Engine::Impl {
   void spec_observe(const StepStats& ss);
   std::array<double, 65> spec_plain_ms_{};
   double spec_row_cost_ = 0.1;
+  // Batch 1: a pass with k drafts measured relative to a plain pass, per k (0: not measured).
+  // The cost is not linear in k (a 2-row pass can cost as much as a 5-row one per row less).
+  std::array<double, 33> spec_k_cost_{};
   // reuse.cpp: chunk lookups at admission, and storing computed chunks after the prefill.
   void plan_reuse(Request::State& r, int64_t n_cached, StepPlan& plan);
   void store_chunks(Request::State& r);

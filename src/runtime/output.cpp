@@ -18,7 +18,7 @@ TokenOutcome OutputProcessor::process(Request::State& r, float* logits, int32_t 
   // The sampler's penalties change logits in place; log-probabilities are of the raw ones.
   if (r.opt.logprobs >= 0) r.raw_logits.assign(logits, logits + vocab);
   const bool forced = chosen < 0 && r.forced_next < r.opt.forced_output.size();
-  // (Speculation is off for requests with a grammar: spec_plan drafts nothing for them.)
+  // A speculatively chosen token was already chosen under the grammar's mask (spec_choose).
   if (r.matcher && chosen < 0 && !forced && r.matcher->apply(logits, vocab, r.eos) == 0) {
     // cannot happen with a vocabulary that has every byte; never sample outside the grammar
     std::lock_guard<std::mutex> lock(r.mu);

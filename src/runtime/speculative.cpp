@@ -58,13 +58,18 @@ int lookup_draft(const std::vector<int32_t>& h, int ngram, int k, std::vector<in
 }
 
 int adaptive_draft_length(double a, int k_max, double row_cost) {
+  return adaptive_draft_length(a, k_max, row_cost, nullptr, 0);
+}
+
+int adaptive_draft_length(double a, int k_max, double row_cost, const double* cost_k, int n_cost) {
   a = std::clamp(a, 0.0, 0.999);
   int best = 0;
   double best_v = 1.0, e = 1.0, ai = 1.0;
   for (int k = 1; k <= k_max; ++k) {
     ai *= a;
     e += ai;  // sum_{i=0..k} a^i
-    const double v = e / (1.0 + row_cost * k);
+    const double c = cost_k && k < n_cost && cost_k[k] > 0 ? cost_k[k] : 1.0 + row_cost * k;
+    const double v = e / c;
     if (v > best_v + 1e-9) best_v = v, best = k;
   }
   return best;
@@ -92,9 +97,11 @@ int32_t draw(Sampler& s, const SpecDist& w, double total) {
 
 int32_t spec_choose(Sampler& s, const float* row, int64_t vocab, const std::vector<int32_t>& history,
                     size_t n_prompt, int32_t draft, const SpecDist* q, std::vector<float>* scratch,
-                    SpecDist* p, bool* accepted) {
+                    SpecDist* p, bool* accepted, grammar::Matcher* matcher, const std::vector<int32_t>* eos) {
   scratch->assign(row, row + vocab);
   *accepted = false;
+  static const std::vector<int32_t> kNoEos;
+  if (matcher && matcher->apply(scratch->data(), vocab, eos ? *eos : kNoEos) == 0) return -1;
   if (s.config().temperature == 0.0f) {
     const int32_t t = s.sample(scratch->data(), vocab, history, n_prompt);
     *accepted = draft >= 0 && t == draft;
@@ -117,6 +124,21 @@ int32_t spec_choose(Sampler& s, const float* row, int64_t vocab, const std::vect
   }
   if (res.empty() || !(total > 0)) return draw(s, *p, 1.0);  // p == q up to rounding
   return draw(s, res, total);
+}
+
+size_t grammar_filter_drafts(grammar::Matcher& m, const std::vector<int32_t>& eos, std::vector<int32_t>* drafts) {
+  size_t n = 0;
+  for (; n < drafts->size(); ++n) {
+    // Past the grammar's end only EOS can follow: plain decoding ends there, so nothing is drafted.
+    if (m.must_end() || !m.accept((*drafts)[n], eos)) break;
+    if (std::find(eos.begin(), eos.end(), (*drafts)[n]) != eos.end()) {
+      ++n;
+      break;
+    }
+  }
+  m.rollback(n);
+  drafts->resize(n);
+  return n;
 }
 
 // ---- the draft model ---------------------------------------------------------------------------
@@ -253,15 +275,20 @@ void Engine::Impl::spec_setup(Request::State& r) {
 int64_t Engine::Impl::spec_plan(Request::State& r, int64_t n_decoding) {
   SpecState& sp = r.spec;
   sp.rows.clear();
-  // A grammar-constrained request does not speculate: its matcher would have to verify and roll
-  // back drafts, which it does not do yet.
-  // Nor does one whose first tokens the guard holds (guard_tokens.cpp: one token per check).
-  if (sp.mode == SpecMode::kOff || r.matcher || r.hold.active || n_decoding > opt_.spec.max_batch) return 0;
+  // A request whose first tokens the guard holds does not speculate (guard_tokens.cpp: one token
+  // per check). A grammar-constrained one does: drafts the grammar rejects are cut here, and
+  // each verified row is masked in the matcher's state after the tokens before it (spec_accept).
+  if (sp.mode == SpecMode::kOff || r.hold.active || n_decoding > opt_.spec.max_batch) return 0;
   // Drafts never run past max_new_tokens or the context: k drafts emit up to k + 1 tokens.
   const int64_t left = std::min<int64_t>(int64_t(r.opt.max_new_tokens) - int64_t(r.res.output_ids.size()) - 1,
                                          context_length() - int64_t(r.history.size()));
   const double row_cost = spec_row_cost_ + (sp.mode == SpecMode::kDraft ? draft_model_cost(*draft_) : 0.0);
-  int k = sp.adaptive ? adaptive_draft_length(sp.rate(), sp.k_max, row_cost) : sp.k_max;
+  // Alone in the step: the cost of each draft length as measured (plus the draft model's passes).
+  double cost_k[33];
+  const int n_cost = n_decoding == 1 ? int(spec_k_cost_.size()) : 0;
+  const double extra = sp.mode == SpecMode::kDraft ? draft_model_cost(*draft_) : 0.0;
+  for (int i = 0; i < n_cost; ++i) cost_k[i] = spec_k_cost_[size_t(i)] > 0 ? spec_k_cost_[size_t(i)] + extra * i : 0.0;
+  int k = sp.adaptive ? adaptive_draft_length(sp.rate(), sp.k_max, row_cost, cost_k, n_cost) : sp.k_max;
   k = int(std::min<int64_t>(k, left));
   if (k <= 0) {
     // Not speculating: the estimate drifts back to its prior so that speculation is retried.
@@ -280,6 +307,7 @@ int64_t Engine::Impl::spec_plan(Request::State& r, int64_t n_decoding) {
       d.clear();
     }
   }
+  if (r.matcher && !d.empty()) grammar_filter_drafts(*r.matcher, r.eos, &d);
   // Slots for the drafts; as many as the pool gives (speculation never preempts anyone).
   size_t n = 0;
   for (; n < d.size(); ++n) {
@@ -313,7 +341,15 @@ bool Engine::Impl::spec_accept(Request::State& r) {
     const int32_t draft = i < k ? sp.rows[i + 1] : -1;
     const SpecDist* q = draft >= 0 && i < sp.q.size() ? &sp.q[i] : nullptr;
     bool ok = false;
-    const int32_t tok = spec_choose(r.sampler, row, V, r.history, r.prompt.size(), draft, q, &sp.scratch, &sp.p, &ok);
+    // The matcher is in the state after the tokens emitted so far (after_logits advances it over
+    // each one), exactly the state plain decoding masks this row in; the row itself goes to the
+    // output stage unmasked (callbacks and log-probabilities see raw logits, as without drafts).
+    const int32_t tok = spec_choose(r.sampler, row, V, r.history, r.prompt.size(), draft, q, &sp.scratch, &sp.p, &ok,
+                                    r.matcher ? &*r.matcher : nullptr, &r.eos);
+    if (tok < 0) {  // the grammar allows nothing: the output stage reports it (and masks again)
+      after_logits(r, row, -1);
+      break;
+    }
     tried += draft >= 0;
     accepted += ok;
     after_logits(r, row, tok);
@@ -346,6 +382,11 @@ void Engine::Impl::spec_observe(const StepStats& ss) {
   } else if (plain > 0) {
     const double r = std::clamp((ss.forward_ms / plain - 1.0) / double(ss.n_drafted), 0.005, 2.0);
     spec_row_cost_ = 0.8 * spec_row_cost_ + 0.2 * r;
+    if (ss.n_decode == 1 && ss.n_drafted < int64_t(spec_k_cost_.size())) {
+      double& c = spec_k_cost_[size_t(ss.n_drafted)];
+      const double m = std::clamp(ss.forward_ms / plain, 1.0, 1.0 + 2.0 * double(ss.n_drafted));
+      c = c > 0 ? 0.8 * c + 0.2 * m : m;
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvboost/grammar.h"
 #include "kvboost/kv.h"
 #include "kvboost/runtime.h"
 
@@ -43,6 +44,9 @@ int lookup_draft(const std::vector<int32_t>& h, int ngram, int k, std::vector<in
 // The draft length that maximizes expected tokens per unit of cost: with per-draft acceptance
 // a, k drafts yield (1 - a^(k+1)) / (1 - a) tokens for a pass costing 1 + row_cost * k.
 int adaptive_draft_length(double a, int k_max, double row_cost);
+// The same with a measured cost per k: cost[k] (k = 1 .. k_max, relative to a plain pass) where
+// positive, else 1 + row_cost * k.
+int adaptive_draft_length(double a, int k_max, double row_cost, const double* cost_k, int n_cost);
 
 // One verified row: the token the request emits there, and whether it is the draft's.
 // Greedy: the argmax (penalties applied) as plain decoding picks it; accepted when it equals the
@@ -50,9 +54,18 @@ int adaptive_draft_length(double a, int k_max, double row_cost);
 // probability min(1, p(d) / q(d)); otherwise a token is drawn from norm(max(0, p - q)). No draft
 // (draft < 0, the row after the last accepted draft): a plain draw from p. The emitted tokens
 // are then distributed exactly as plain sampling's (Leviathan et al. 2023, Theorem 1).
+// matcher (a grammar-constrained request, in the state before this row's token): its mask is
+// applied to the row's copy first, as plain decoding applies it, so a draft the grammar rejects
+// has p = 0 and is never accepted. Returns -1 when the mask allows nothing (the caller lets the
+// output stage report it).
 int32_t spec_choose(Sampler& s, const float* row, int64_t vocab, const std::vector<int32_t>& history,
                     size_t n_prompt, int32_t draft, const SpecDist* q, std::vector<float>* scratch,
-                    SpecDist* p, bool* accepted);
+                    SpecDist* p, bool* accepted, grammar::Matcher* matcher = nullptr,
+                    const std::vector<int32_t>* eos = nullptr);
+// The leading drafts the grammar accepts from the matcher's state (the first rejected one, and
+// everything after it, is dropped; nothing is drafted past the grammar's end). The matcher is
+// advanced over them and rolled back: it leaves in the state it came in. Returns the count kept.
+size_t grammar_filter_drafts(grammar::Matcher& m, const std::vector<int32_t>& eos, std::vector<int32_t>* drafts);
 
 // The draft model (SpecOptions::draft_model): its own Model and paged KV; one sequence per
 // request, holding the K/V of the request's history (drafts' K/V are dropped after drafting).

@@ -11,6 +11,7 @@
 
 #include "awq.h"
 #include "kvboost/common.h"
+#include "kvboost/model_files.h"
 #include "testing/fixture.h"
 #include "kvboost/tokenizer.h"
 
@@ -397,6 +398,106 @@ void write_fixture_model(const std::string& dir, const FixtureSpec& s) {
   cfg["torch_dtype"] = "float32";
   std::ofstream(path_join(s.dequant_dir, "config.json")) << cfg.dump(2) << "\n";
   write_weights(s.dequant_dir, out_tensors(ts, s, Mode::AwqDequant), s.shards);
+}
+
+
+// ---- a larger model grown around a small one (fixture.h, GrownSpec) ----------------------------
+
+namespace {
+// A base tensor's values in f32 (F32 / F16 / BF16).
+std::vector<float> base_values(const WeightFiles& w, const std::string& name, const std::string& dir) {
+  const TensorInfo* t = w.find(name);
+  if (!t) fail(dir, ": grown model: the base has no tensor ", name);
+  const size_t n = size_t(numel(t->shape));
+  std::vector<float> v(n);
+  if (t->dtype == "F32") {
+    std::memcpy(v.data(), t->data, n * 4);
+  } else if (t->dtype == "F16" || t->dtype == "BF16") {
+    const auto* h = static_cast<const uint16_t*>(t->data);
+    for (size_t i = 0; i < n; ++i) v[i] = t->dtype == "F16" ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+  } else {
+    fail(dir, ": grown model: tensor ", name, " has dtype ", t->dtype, " (F32, F16 or BF16 expected)");
+  }
+  return v;
+}
+}  // namespace
+
+void write_grown_model(const std::string& dir, const GrownSpec& g) {
+  namespace fs = std::filesystem;
+  if (g.dtype != "f32" && g.dtype != "f16" && g.dtype != "bf16") fail("grown model: unknown dtype \"", g.dtype, "\"");
+  if (g.extra_layers < 0) fail("grown model: extra_layers = ", g.extra_layers, " is negative");
+  const std::string cfg_path = path_join(g.base_dir, "config.json");
+  if (!file_exists(cfg_path)) fail(cfg_path, ": not found (grown model base)");
+  ordered_json cfg = ordered_json::parse(read_file(cfg_path));
+  if (cfg.value("model_type", "") != "llama") fail(cfg_path, ": grown model: model_type must be llama");
+  const int64_t H = cfg.at("hidden_size").get<int64_t>(), I0 = cfg.at("intermediate_size").get<int64_t>();
+  const int64_t L0 = cfg.at("num_hidden_layers").get<int64_t>(), nh = cfg.at("num_attention_heads").get<int64_t>();
+  const int64_t nkv = cfg.value("num_key_value_heads", nh), hd = cfg.value("head_dim", H / nh);
+  const int64_t I = g.intermediate > 0 ? g.intermediate : I0;
+  if (I < I0) fail("grown model: intermediate ", I, " is below the base's ", I0);
+  const auto w = std::make_shared<WeightFiles>(WeightFiles::open_dir(g.base_dir));
+  fs::create_directories(dir);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                        "tokenizer.model"}) {
+    const std::string src = path_join(g.base_dir, f);
+    if (!file_exists(src)) continue;
+    const std::string dst = path_join(dir, f);
+    fs::copy_file(src, dst, fs::copy_options::overwrite_existing);
+    fs::permissions(dst, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::add);
+  }
+  const std::string dt = g.dtype, sdt = dt == "f32" ? "F32" : dt == "f16" ? "F16" : "BF16", base = g.base_dir;
+  std::vector<OutTensor> ts;
+  auto copy = [&](const std::string& name, std::vector<int64_t> shape) {
+    ts.push_back({name, sdt, shape, [=] { return encode(base_values(*w, name, base), dt); }});
+  };
+  // [rows, cols] of the base padded with zeros to [rows2, cols2] (the base in the top-left).
+  auto padded = [&](const std::string& name, int64_t rows, int64_t cols, int64_t rows2, int64_t cols2) {
+    ts.push_back({name, sdt, {rows2, cols2}, [=] {
+                    const std::vector<float> v = base_values(*w, name, base);
+                    std::vector<float> o(size_t(rows2 * cols2), 0.0f);
+                    for (int64_t r = 0; r < rows; ++r)
+                      std::memcpy(&o[size_t(r * cols2)], &v[size_t(r * cols)], size_t(cols) * 4);
+                    return encode(o, dt);
+                  }});
+  };
+  const uint64_t seed = g.seed;
+  auto random = [&](const std::string& name, std::vector<int64_t> shape, float mean, float std) {
+    const TensorSpec t{name, shape, mean, std, shape.size() == 1};
+    ts.push_back({name, sdt, shape, [=] { return encode(generate(t, seed), dt); }});
+  };
+  copy("model.embed_tokens.weight", {cfg.at("vocab_size").get<int64_t>(), H});
+  for (int64_t l = 0; l < L0 + g.extra_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    if (l < L0) {
+      for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight"}) copy(p + n, {H});
+      copy(p + "self_attn.q_proj.weight", {nh * hd, H});
+      copy(p + "self_attn.k_proj.weight", {nkv * hd, H});
+      copy(p + "self_attn.v_proj.weight", {nkv * hd, H});
+      copy(p + "self_attn.o_proj.weight", {H, nh * hd});
+      padded(p + "mlp.gate_proj.weight", I0, H, I, H);
+      padded(p + "mlp.up_proj.weight", I0, H, I, H);
+      padded(p + "mlp.down_proj.weight", H, I0, H, I);
+    } else {
+      const float s = g.init_std, r = g.init_std * g.residual_scale;
+      for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight"}) random(p + n, {H}, 1.0f, 0.0f);
+      random(p + "self_attn.q_proj.weight", {nh * hd, H}, 0.0f, s);
+      random(p + "self_attn.k_proj.weight", {nkv * hd, H}, 0.0f, s);
+      random(p + "self_attn.v_proj.weight", {nkv * hd, H}, 0.0f, s);
+      random(p + "self_attn.o_proj.weight", {H, nh * hd}, 0.0f, r);
+      random(p + "mlp.gate_proj.weight", {I, H}, 0.0f, s);
+      random(p + "mlp.up_proj.weight", {I, H}, 0.0f, s);
+      random(p + "mlp.down_proj.weight", {H, I}, 0.0f, r);
+    }
+  }
+  copy("model.norm.weight", {H});
+  if (w->find("lm_head.weight")) copy("lm_head.weight", {cfg.at("vocab_size").get<int64_t>(), H});
+  write_weights(dir, ts, 1);
+  cfg["num_hidden_layers"] = L0 + g.extra_layers;
+  cfg["intermediate_size"] = I;
+  cfg["torch_dtype"] = dt == "f32" ? "float32" : dt == "f16" ? "float16" : "bfloat16";
+  cfg["kvboost_grown"] = {{"base", fs::path(g.base_dir).filename().string()}, {"extra_layers", g.extra_layers},
+                          {"residual_scale", g.residual_scale}, {"seed", g.seed}};
+  std::ofstream(path_join(dir, "config.json")) << cfg.dump(2) << "\n";
 }
 
 }  // namespace kvboost

@@ -41,4 +41,25 @@ struct FixtureSpec {
 FixtureSpec fixture_preset(const std::string& name);  // tiny | qwen2.5-0.5b | qwen2.5-1.5b | llama3.2-1b
 void write_fixture_model(const std::string& dir, const FixtureSpec& spec);
 
+// A larger Llama grown around a small one, so that the small one drafts for it with meaningful
+// acceptance (speculative decoding's draft/target pair; docs/speculative.md). Deterministic in
+// the spec, no weights shipped:
+//   - the base's layers, their gate/up rows and down columns padded with zeros to `intermediate`
+//     (the padded units compute SiLU(0) * 0 = 0: each layer adds exactly what the base's adds);
+//   - then `extra_layers` random layers (q/k/v/gate/up normal(0, init_std), norms 1) whose o_proj
+//     and down_proj are further scaled by `residual_scale`: each nudges the residual stream a
+//     little, so the grown model's next-token choice departs from the base's now and then;
+//   - the base's embeddings, final norm and head; its tokenizer files and config otherwise.
+// residual_scale = 0 gives the base's logits (up to rounding); larger values lower acceptance.
+struct GrownSpec {
+  std::string base_dir;           // a llama safetensors directory (f32/f16/bf16): stories260K
+  int64_t extra_layers = 16;
+  int64_t intermediate = 0;       // 0: the base's
+  float residual_scale = 5.0f;
+  float init_std = 0.02f;
+  std::string dtype = "f32";      // f32 | f16 | bf16 (the written tensors)
+  uint64_t seed = 1;
+};
+void write_grown_model(const std::string& dir, const GrownSpec& spec);
+
 }  // namespace kvboost

@@ -400,3 +400,14 @@ TEST(Speculative, BadKnobsAreErrors) {
   eo.spec.mode = SpecMode::kDraft;
   EXPECT_THROW(Engine::load(stories(), eo), Error);
 }
+
+// A measured cost per draft length overrides the linear row cost: when 1- and 2-draft passes cost
+// 2.5x a plain pass, ~50% acceptance does not pay; unmeasured lengths keep the linear prior.
+TEST(Speculative, AdaptiveLengthUsesTheMeasuredCostPerLength) {
+  EXPECT_GE(adaptive_draft_length(0.5, 8, 0.3), 1);
+  double cost[9] = {0, 2.5, 2.6, 2.7, 2.8, 2.9, 3.0, 3.1, 3.3};
+  EXPECT_EQ(adaptive_draft_length(0.5, 8, 0.3, cost, 9), 0);
+  EXPECT_EQ(adaptive_draft_length(0.99, 8, 0.3, cost, 9), 8);  // 9 tokens for 3.3: worth it
+  double partial[9] = {0, 2.5, 0, 0, 0, 0, 0, 0, 0};             // only k = 1 measured
+  EXPECT_GE(adaptive_draft_length(0.5, 8, 0.3, partial, 9), 2);  // the prior says try longer
+}
