@@ -479,6 +479,24 @@ struct ChunkQuery {
   std::span<const int32_t> tokens;
 };
 
+// An asynchronous remote lookup (ChunkStore::fetch_remote_async): done once its verified chunks
+// are in the RAM tier (or it failed, or was dropped: n = 0). expected_ms: the cost model's
+// estimate of the round trip when it was issued; compute_ms: of recomputing what it asks for
+// (infinity until a prefill was measured).
+struct RemoteFetch {
+  double t0 = 0, expected_ms = 0, compute_ms = 0;
+  int64_t first_token = 0;  // the first position (in the prompt) of a chunk it asks for (caller's)
+  bool wait_for(double ms);  // true when done (waits at most ms)
+  bool ready();
+  int64_t n = 0;             // chunks promoted (valid once done)
+  double ms = 0;             // how long it took
+  void finish(int64_t n_promoted);
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
 // Thread-safe. Disk and remote writes happen on background threads (flush() waits for them).
 class ChunkStore {
  public:
@@ -517,6 +535,10 @@ class ChunkStore {
   // remote failure. note_prefill feeds the cost model's prefill rate.
   bool has_remote() const { return remote_ != nullptr; }
   int64_t fetch_remote(std::string_view ns, std::span<const ChunkQuery> chunks, bool content);
+  // The same on the remote tier's lookup thread, so that a prefill can run meanwhile; the chunks
+  // are copied. Lookups run one at a time, in order; dropped (done, n = 0) when the store closes.
+  std::shared_ptr<RemoteFetch> fetch_remote_async(std::string ns, std::vector<ChunkKeys> keys,
+                                                  std::vector<std::vector<int32_t>> tokens, bool content);
   void note_prefill(int64_t n_tokens, double ms);
   // Lists and verifies up to `limit` remote entries of this model (throws Error if unreachable).
   std::vector<RemoteEntryInfo> list_remote(size_t limit) const;

@@ -216,6 +216,7 @@ struct PromptPlan {
   int64_t n_cached = 0, n_reused = 0, n_recomputed = 0, n_new = 0;  // GenerateResult's counts
   int64_t n_remote_chunks = 0;
   double remote_ms = 0;
+  std::vector<size_t> remote_ask;    // PromptInput::remote_async: the chunks to look up remotely
   bool approximate() const { return first_approx < int64_t(pos_state.size()); }
 };
 
@@ -230,6 +231,10 @@ struct PromptInput {
   const ReusePolicy* policy = nullptr;
   int64_t n_layers = 1;
   const Guard* guard = nullptr;      // kAuto's first rung (trip rates); nullptr: no history
+  // The remote tier (store->has_remote()): looked up first, in one round trip, unless
+  // remote_async (then only listed in remote_ask, for the caller to fetch while it prefills) or
+  // !remote_lookup (a plan made again once that fetch is in).
+  bool remote_lookup = true, remote_async = false;
 };
 // Cuts the prompt into chunks, keys them, looks them up (exact prefix keys while the chain
 // holds, then content keys), and chooses what the first pass computes. Reads the store, writes

@@ -5,6 +5,7 @@
 // used a few times recently. Pinned entries (warm()) are never evicted from RAM. With a disk tier,
 // every stored chunk is also written to disk (in the background), so RAM eviction only drops the
 // RAM copy; the disk tier evicts by the same score when over its byte budget.
+#include <chrono>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -88,6 +89,7 @@ ChunkStore::ChunkStore(const ChunkShape& shape, const ChunkStoreOptions& opt) : 
 }
 
 ChunkStore::~ChunkStore() {
+  if (remote_) remote_->stop_lookups();  // their jobs use this store's tiers
   remote_.reset();  // its writer finishes the write in flight (bounded by the command timeout)
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -320,6 +322,53 @@ int64_t ChunkStore::fetch_remote(std::string_view ns, std::span<const ChunkQuery
   int64_t n = 0;
   for (auto& c : got) n += put_locked(std::move(c), false, std::string(), nullptr);  // promoted to RAM (and disk), not written back
   return n;
+}
+
+bool RemoteFetch::wait_for(double ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, std::chrono::microseconds(int64_t(std::max(0.0, ms) * 1e3)), [&] { return done_; });
+}
+
+bool RemoteFetch::ready() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void RemoteFetch::finish(int64_t n_promoted) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    n = n_promoted;
+    ms = now_ms() - t0;
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::shared_ptr<RemoteFetch> ChunkStore::fetch_remote_async(std::string ns, std::vector<ChunkKeys> keys,
+                                                            std::vector<std::vector<int32_t>> tokens, bool content) {
+  auto f = std::make_shared<RemoteFetch>();
+  f->t0 = now_ms();
+  if (!remote_ || keys.empty() || keys.size() != tokens.size()) {
+    f->finish(0);
+    return f;
+  }
+  size_t bytes = 0;
+  int64_t n_tok = 0;
+  for (const auto& t : tokens)
+    bytes += chunk_layer_bytes(shape_, opt_.quant, int64_t(t.size())) * size_t(shape_.n_layers), n_tok += int64_t(t.size());
+  f->expected_ms = remote_->expected_fetch_ms(bytes);
+  f->compute_ms = remote_->expected_compute_ms(n_tok);
+  // The job runs on the remote tier's thread, which the store's destructor joins first: `this` outlives it.
+  remote_->submit([this, f, ns = std::move(ns), keys = std::move(keys), tokens = std::move(tokens), content](bool run) {
+    int64_t n = 0;
+    if (run) {
+      std::vector<ChunkQuery> q(keys.size());
+      for (size_t i = 0; i < keys.size(); ++i) q[i] = {keys[i], tokens[i]};
+      n = fetch_remote(ns, q, content);
+    }
+    f->finish(n);
+  });
+  return f;
 }
 
 void ChunkStore::note_prefill(int64_t n_tokens, double ms) {

@@ -19,6 +19,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -31,6 +32,10 @@ namespace {
 constexpr char kValueMagic[8] = {'K', 'V', 'B', 'R', 'E', 'M', 'T', '1'};
 constexpr uint32_t kLayoutVersion = 1;
 constexpr double kAlpha = 0.25, kMargin = 0.9;
+// KEYS come in pairs (prefix key, content key): per pair the prefix entry, else the content entry.
+constexpr const char* kPairScript =
+    "local r = {} for i = 1, #KEYS, 2 do local v = redis.call('GET', KEYS[i]) "
+    "if not v and KEYS[i + 1] ~= KEYS[i] then v = redis.call('GET', KEYS[i + 1]) end r[#r + 1] = v end return r";
 constexpr double kBackoffMinMs = 100, kBackoffMaxMs = 5000;
 constexpr double kDefaultBytesPerMs = 200e3;  // 200 MB/s until measured
 
@@ -67,6 +72,13 @@ redisReply* command(redisContext* ctx, const std::vector<std::string>& args) {
   std::vector<size_t> lens;
   for (const auto& a : args) argv.push_back(a.data()), lens.push_back(a.size());
   return static_cast<redisReply*>(redisCommandArgv(ctx, int(args.size()), argv.data(), lens.data()));
+}
+
+void append_command(redisContext* ctx, const std::vector<std::string>& args) {  // pipelined: the reply is read later
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const auto& a : args) argv.push_back(a.data()), lens.push_back(a.size());
+  redisAppendCommandArgv(ctx, int(args.size()), argv.data(), lens.data());
 }
 
 std::string escape_ns(std::string_view ns) {  // keys stay printable and ':'-free per field
@@ -219,9 +231,20 @@ RemoteStore::RemoteStore(const ChunkShape& shape, const ChunkStoreOptions& opt, 
     ensure(fetch_conn_);  // down at start: a warning, and the tier retries later
   }
   writer_ = std::thread([this] { writer_loop(); });
+  lookup_ = std::thread([this] { lookup_loop(); });
+}
+
+void RemoteStore::stop_lookups() {
+  {
+    std::lock_guard<std::mutex> lock(lk_mu_);
+    lk_stop_ = true;
+  }
+  lk_cv_.notify_all();
+  if (lookup_.joinable()) lookup_.join();
 }
 
 RemoteStore::~RemoteStore() {
+  stop_lookups();
   {
     std::lock_guard<std::mutex> lock(q_mu_);
     stop_ = true;
@@ -345,12 +368,34 @@ std::vector<std::shared_ptr<Chunk>> RemoteStore::fetch(std::string_view ns, std:
     st_.skipped += n_skipped;
   }
   if (picked.empty()) return out;
-  for (size_t i : picked) {
-    const auto& q = chunks[i];
-    if (q.keys.prefix) asks.push_back({i, true}), args.push_back(remote_key(url_.prefix, model_hash_, ns, true, q.keys.prefix));
-    if (content && q.keys.content)
-      asks.push_back({i, false}), args.push_back(remote_key(url_.prefix, model_hash_, ns, false, q.keys.content));
+  // Exact chunks are also stored under their content key (the writer), so asking both keys of a
+  // chunk would bring its bytes twice: with content keys a script returns, per chunk, the prefix
+  // entry or else the content entry (one round trip). Where EVAL is refused (an ACL without
+  // +eval), MGET of both keys.
+  bool use_script;
+  {
+    std::lock_guard<std::mutex> sl(st_mu_);
+    use_script = content && !no_script_;
   }
+  auto build = [&] {
+    asks.clear();
+    args.assign({use_script ? "EVAL" : "MGET"});
+    if (use_script) args.push_back(kPairScript), args.push_back("0");
+    for (size_t i : picked) {
+      const auto& q = chunks[i];
+      if (use_script) {
+        asks.push_back({i, true});
+        args.push_back(remote_key(url_.prefix, model_hash_, ns, true, q.keys.prefix));
+        args.push_back(q.keys.content ? remote_key(url_.prefix, model_hash_, ns, false, q.keys.content) : args.back());
+        continue;
+      }
+      if (q.keys.prefix) asks.push_back({i, true}), args.push_back(remote_key(url_.prefix, model_hash_, ns, true, q.keys.prefix));
+      if (content && q.keys.content)
+        asks.push_back({i, false}), args.push_back(remote_key(url_.prefix, model_hash_, ns, false, q.keys.content));
+    }
+    if (use_script) args[2] = std::to_string(args.size() - 3);
+  };
+  build();
   std::lock_guard<std::mutex> lock(fetch_mu_);
   bool down;
   {
@@ -363,8 +408,20 @@ std::vector<std::shared_ptr<Chunk>> RemoteStore::fetch(std::string_view ns, std:
     st_.unavailable += int64_t(picked.size());
     return out;
   }
-  const double t0 = now_ms();
+  double t0 = now_ms();
   Reply r(command(fetch_conn_.ctx, args));
+  if (use_script && r.r && r.r->type == REDIS_REPLY_ERROR) {  // e.g. NOPERM, scripting disabled
+    log_warn("remote chunk store ", shown_url_, ": EVAL refused (", r.r->str, "): content lookups use MGET of both keys");
+    {
+      std::lock_guard<std::mutex> sl(st_mu_);
+      no_script_ = true;
+    }
+    use_script = false;
+    build();
+    t0 = now_ms();
+    if (r.r) freeReplyObject(r.r);
+    r.r = static_cast<redisReply*>(command(fetch_conn_.ctx, args));
+  }
   const double ms = now_ms() - t0;
   if (!r.r || r.r->type != REDIS_REPLY_ARRAY || r.r->elements != asks.size()) {
     std::string why = !r.r ? std::string(fetch_conn_.ctx->errstr)
@@ -391,15 +448,20 @@ std::vector<std::shared_ptr<Chunk>> RemoteStore::fetch(std::string_view ns, std:
     const size_t i = asks[a].chunk;
     if (found[i]) continue;  // the prefix entry won
     const ChunkQuery& q = chunks[i];
+    const std::string& key = args[use_script ? 3 + 2 * a : a + 1];
     try {
-      if (e->len > opt_.remote_max_entry_bytes) fail(args[a + 1], ": ", e->len, " bytes, over the entry size cap");
+      if (e->len > opt_.remote_max_entry_bytes) fail(key, ": ", e->len, " bytes, over the entry size cap");
       auto c = std::make_shared<Chunk>(decode_remote_value(std::string_view(e->str, e->len), shape_, opt_.model_id,
-                                                           model_hash_, ns, args[a + 1]));
+                                                           model_hash_, ns, key));
       if (!std::equal(c->tokens.begin(), c->tokens.end(), q.tokens.begin(), q.tokens.end()))
-        fail(args[a + 1], ": remote chunk holds other tokens");
-      if (asks[a].exact ? (c->keys.prefix != q.keys.prefix || c->keys.check != q.keys.check)
-                        : (c->keys.content != q.keys.content || c->keys.prefix != 0))
-        fail(args[a + 1], ": remote chunk's keys do not match its key");
+        fail(key, ": remote chunk holds other tokens");
+      // The prefix entry (its prefix key and fingerprint), or with content lookups an entry of
+      // these tokens' content key: content-only, or an exact chunk of another context (written
+      // under its content key too), reused at this position with repair like a local content hit.
+      const bool exact_match = c->keys.prefix == q.keys.prefix && c->keys.check == q.keys.check;
+      const bool content_match = content && c->keys.content == q.keys.content;
+      if (asks[a].exact && !use_script ? !exact_match : !(exact_match || content_match))
+        fail(key, ": remote chunk's keys do not match its key");
       found[i] = 1;
       out.push_back(std::move(c));
     } catch (const Error& err) {
@@ -463,10 +525,26 @@ void RemoteStore::writer_loop() {
       std::lock_guard<std::mutex> sl(st_mu_);
       ++st_.too_big;
     } else if (ensure(write_conn_)) {
+      // An exact chunk goes under its content key too (the same value, two independent objects:
+      // each is complete and verified on its own), so that the same text at another position or
+      // after other text is a content hit on another server, as it is locally (ChunkStore indexes
+      // exact chunks by both keys). Both SETs in one pipelined round trip.
+      const bool both = c->keys.prefix && c->keys.content;
       std::vector<std::string> args{"SET", key, value};
       if (opt_.remote_ttl_s > 0) args.push_back("EX"), args.push_back(std::to_string(opt_.remote_ttl_s));
       const double t0 = now_ms();
+      if (both) {
+        std::vector<std::string> a2 = args;
+        a2[1] = remote_key(url_.prefix, model_hash_, ns, false, c->keys.content);
+        append_command(write_conn_.ctx, a2);
+      }
       Reply r(command(write_conn_.ctx, args));
+      if (both && r.r) {  // the content SET's reply came first; the prefix SET's is what counts
+        void* first = r.r;
+        r.r = nullptr;
+        if (redisGetReply(write_conn_.ctx, reinterpret_cast<void**>(&r.r)) != REDIS_OK) r.r = nullptr;
+        freeReplyObject(first);
+      }
       const double ms = now_ms() - t0;
       if (!r.r) {
         broken(write_conn_, write_conn_.ctx->errstr);
@@ -476,10 +554,10 @@ void RemoteStore::writer_loop() {
         if (!write_err_episode_) log_warn("remote chunk store ", shown_url_, ": SET refused: ", r.r->str, " (entry not shared)");
         write_err_episode_ = true;
       } else {
-        observe(ms, value.size());
+        observe(ms, both ? 2 * value.size() : value.size());
         std::lock_guard<std::mutex> sl(st_mu_);
         ++st_.writes;
-        st_.write_bytes += int64_t(value.size());
+        st_.write_bytes += int64_t(both ? 2 * value.size() : value.size());
         write_err_episode_ = false;
       }
     } else {
@@ -490,6 +568,42 @@ void RemoteStore::writer_loop() {
     writing_ = false;
     idle_cv_.notify_all();
   }
+}
+
+void RemoteStore::submit(std::function<void(bool)> job) {
+  {
+    std::lock_guard<std::mutex> lock(lk_mu_);
+    if (!lk_stop_) {
+      lookups_.push_back(std::move(job));
+      lk_cv_.notify_one();
+      return;
+    }
+  }
+  job(false);
+}
+
+void RemoteStore::lookup_loop() {
+  std::unique_lock<std::mutex> lock(lk_mu_);
+  for (;;) {
+    lk_cv_.wait(lock, [&] { return lk_stop_ || !lookups_.empty(); });
+    if (lookups_.empty()) return;
+    auto job = std::move(lookups_.front());
+    lookups_.pop_front();
+    const bool run = !lk_stop_;  // closing: the rest are dropped (done, nothing promoted)
+    lock.unlock();
+    job(run);
+    lock.lock();
+  }
+}
+
+double RemoteStore::expected_fetch_ms(size_t bytes) const {
+  std::lock_guard<std::mutex> lock(st_mu_);
+  return rtt_ms_ + double(bytes) / (bytes_per_ms_ > 0 ? bytes_per_ms_ : kDefaultBytesPerMs);
+}
+
+double RemoteStore::expected_compute_ms(int64_t n_tokens) const {
+  std::lock_guard<std::mutex> lock(st_mu_);
+  return tok_per_ms_ > 0 ? double(n_tokens) / tok_per_ms_ : INFINITY;
 }
 
 void RemoteStore::flush() {
@@ -539,7 +653,8 @@ std::vector<RemoteEntryInfo> RemoteStore::list(size_t limit) {
       try {
         const Chunk c = decode_remote_value(val, shape_, opt_.model_id, model_hash_, ns, e.key);
         const bool exact = c.keys.prefix != 0;
-        if (remote_key(url_.prefix, model_hash_, ns, exact, exact ? c.keys.prefix : c.keys.content) != e.key)
+        if (remote_key(url_.prefix, model_hash_, ns, exact, exact ? c.keys.prefix : c.keys.content) != e.key &&
+            remote_key(url_.prefix, model_hash_, ns, false, c.keys.content) != e.key)
           fail(e.key, ": stored under another chunk's key");
         e.n_tokens = int64_t(c.tokens.size());
         e.quant = kv_quant_name(c.quant);

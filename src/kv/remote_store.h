@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -63,6 +64,13 @@ class RemoteStore {
   void enqueue(std::string_view ns, std::shared_ptr<const Chunk> c);
   void flush();  // waits until the queue is empty and no write is in flight
   void note_prefill(int64_t n_tokens, double ms);
+  // The cost model's estimates: a round trip fetching `bytes`; recomputing n tokens (infinity
+  // until a prefill was measured).
+  double expected_fetch_ms(size_t bytes) const;
+  double expected_compute_ms(int64_t n_tokens) const;
+  // Runs `job` on the lookup thread (in order); job(false) instead when the store closes first.
+  void submit(std::function<void(bool run)> job);
+  void stop_lookups();  // finishes the lookup in flight, drops the rest; the store owning this calls it first
   RemoteStats stats() const;
   std::vector<RemoteEntryInfo> list(size_t limit);
 
@@ -75,6 +83,7 @@ class RemoteStore {
   void broken(Conn& c, const std::string& why);              // closes; backoff; warns once per episode
   void healthy();                                            // ends an outage episode
   void writer_loop();
+  void lookup_loop();
   void observe(double ms, size_t bytes);                     // cost model: RTT and bandwidth
 
   ChunkShape shape_;
@@ -86,7 +95,7 @@ class RemoteStore {
 
   mutable std::mutex st_mu_;  // stats, estimates, episode flags
   RemoteStats st_;
-  bool down_ = false, write_err_episode_ = false, corrupt_episode_ = false;
+  bool down_ = false, write_err_episode_ = false, corrupt_episode_ = false, no_script_ = false;
   double rtt_ms_ = 0, bytes_per_ms_ = 0, tok_per_ms_ = 0;
 
   std::mutex fetch_mu_;  // the request path's connection
@@ -98,6 +107,12 @@ class RemoteStore {
   bool stop_ = false, writing_ = false;
   Conn write_conn_;
   std::thread writer_;
+
+  std::mutex lk_mu_;  // the lookup thread's queue (fetch_remote_async)
+  std::condition_variable lk_cv_;
+  std::deque<std::function<void(bool)>> lookups_;
+  bool lk_stop_ = false;
+  std::thread lookup_;
 };
 
 }  // namespace kvboost::kv

@@ -95,13 +95,18 @@ PromptPlan plan_prompt(const PromptInput& in) {
   kv::ChunkStore* store = in.store;
   bool exact = true;
   int64_t frontier = n_cached;
-  if (store && store->has_remote()) {  // the remote tier: one round trip for the whole prompt
+  if (store && store->has_remote() && in.remote_lookup) {  // the remote tier: one round trip for the whole prompt
     std::vector<kv::ChunkQuery> q;
     for (size_t i = 0; i < out.chunks.size(); ++i)
-      if (out.chunks[i].end > n_cached) q.push_back({out.chunk_keys[i], tokens_of(out.chunks[i])});
-    const double t0 = now_ms();
-    out.n_remote_chunks = store->fetch_remote(in.ns, q, pol.mode != ReuseMode::kPrefixOnly);
-    out.remote_ms = now_ms() - t0;
+      if (out.chunks[i].end > n_cached) {
+        if (in.remote_async) out.remote_ask.push_back(i);
+        else q.push_back({out.chunk_keys[i], tokens_of(out.chunks[i])});
+      }
+    if (!in.remote_async) {
+      const double t0 = now_ms();
+      out.n_remote_chunks = store->fetch_remote(in.ns, q, pol.mode != ReuseMode::kPrefixOnly);
+      out.remote_ms = now_ms() - t0;
+    }
   }
   const std::string model_id(in.model_id);
   const kv::Chunk* last_hit = nullptr;  // previous chunk, when it was a content hit

@@ -89,6 +89,10 @@ struct Request::State {
   std::vector<kv::ChunkSpan> chunks;
   std::vector<kv::ChunkKeys> chunk_keys;
   std::vector<ChunkSrc> chunk_src;
+  // The remote tier's lookup issued at admission, while it is in flight (reuse.cpp remote_poll).
+  std::shared_ptr<kv::RemoteFetch> remote;
+  int64_t remote_n_cached = 0;     // the block cache's prefix at admission
+  bool remote_waited = false;
   SpecState spec;                  // speculative decoding (speculative.cpp)
   GuardHold hold;                  // the multi-token guard's held tokens (guard_tokens.cpp)
   size_t forced_next = 0;          // next token of opt.forced_output

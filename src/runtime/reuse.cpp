@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "engine_impl.h"
@@ -30,14 +31,8 @@ void setup_blend(Request::State& r, reuse::BlendPlan b) {
 }
 }  // namespace
 
-void Engine::Impl::plan_reuse(Request::State& r, int64_t n_cached, StepPlan& plan) {
-  const ModelConfig& c = model_->config();
-  // A natural break before token p: the previous token's text ends a line or a sentence.
-  auto is_break = [&](int64_t p) {
-    const std::string t = tok_.decode({r.context[size_t(p - 1)]});
-    return !t.empty() && (t.back() == '\n' || t.back() == '.' || t.back() == '?' || t.back() == '!' ||
-                          (t.size() >= 2 && t[t.size() - 2] == '.' && t.back() == ' '));
-  };
+reuse::PromptInput Engine::Impl::reuse_input(Request::State& r, int64_t n_cached,
+                                             const std::function<bool(int64_t)>& is_break) {
   reuse::PromptInput in;
   in.context = r.context;
   in.segment_starts = r.opt.segment_starts;
@@ -49,9 +44,127 @@ void Engine::Impl::plan_reuse(Request::State& r, int64_t n_cached, StepPlan& pla
   in.model_id = model_id_;
   in.ns = r.ns;
   in.policy = &r.opt.reuse;
-  in.n_layers = c.n_layers;
+  in.n_layers = model_->config().n_layers;
   in.guard = &guard_;
+  return in;
+}
+
+void Engine::Impl::plan_reuse(Request::State& r, int64_t n_cached, StepPlan& plan) {
+  // A natural break before token p: the previous token's text ends a line or a sentence.
+  auto is_break = [&](int64_t p) {
+    const std::string t = tok_.decode({r.context[size_t(p - 1)]});
+    return !t.empty() && (t.back() == '\n' || t.back() == '.' || t.back() == '?' || t.back() == '!' ||
+                          (t.size() >= 2 && t[t.size() - 2] == '.' && t.back() == ' '));
+  };
+  reuse::PromptInput in = reuse_input(r, n_cached, is_break);
+  // The remote tier's lookup is issued here and overlapped with the prefill (remote_poll);
+  // KVBOOST_REMOTE_SYNC=1 waits for it before planning instead (the A/B of docs/chunk-remote.md).
+  static const bool sync = [] {
+    const char* e = std::getenv("KVBOOST_REMOTE_SYNC");
+    return e && *e && *e != '0';
+  }();
+  in.remote_async = !sync;
   reuse::PromptPlan p = reuse::plan_prompt(in);
+  r.remote.reset();
+  r.remote_waited = false;
+  r.remote_n_cached = n_cached;
+  std::vector<kv::ChunkKeys> keys;
+  std::vector<std::vector<int32_t>> toks;
+  int64_t first = INT64_MAX;
+  for (size_t i : p.remote_ask) {
+    if (p.chunk_src[i] != Src::kComputed) continue;  // the local tiers had it
+    const kv::ChunkSpan& ch = p.chunks[i];
+    keys.push_back(p.chunk_keys[i]);
+    toks.emplace_back(r.context.begin() + ch.begin, r.context.begin() + ch.end);
+    first = std::min(first, std::max(ch.begin, n_cached));
+  }
+  if (!keys.empty()) {
+    r.remote = chunks_->fetch_remote_async(r.ns, std::move(keys), std::move(toks), r.opt.reuse.mode != ReuseMode::kPrefixOnly);
+    r.remote->first_token = first;
+  }
+  apply_reuse_plan(r, p, plan);
+}
+
+// A plan made again at `from` (remote_poll): positions before it are computed or copied in.
+void Engine::Impl::replan_reuse(Request::State& r, int64_t from, StepPlan& plan) {
+  auto is_break = [&](int64_t p) {
+    const std::string t = tok_.decode({r.context[size_t(p - 1)]});
+    return !t.empty() && (t.back() == '\n' || t.back() == '.' || t.back() == '?' || t.back() == '!' ||
+                          (t.size() >= 2 && t[t.size() - 2] == '.' && t.back() == ' '));
+  };
+  reuse::PromptInput in = reuse_input(r, from, is_break);
+  in.remote_lookup = false;
+  reuse::PromptPlan p = reuse::plan_prompt(in);
+  if (from > r.remote_n_cached) {
+    // The first plan's part that ran stays as it was: where each chunk's K/V came from, and
+    // which positions were reused (it was exact: plain plans only are made again mid-prefill).
+    int64_t reused_below = 0;
+    for (int64_t q = 0; q < from; ++q) {
+      p.pos_state[size_t(q)] = r.pos_state[size_t(q)];
+      reused_below += r.pos_state[size_t(q)] != reuse::kNew;
+    }
+    for (size_t i = 0; i < p.chunks.size() && p.chunks[i].end <= from; ++i) p.chunk_src[i] = r.chunk_src[i];
+    int64_t n_cached0, n_recomputed0;
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      n_cached0 = r.res.n_cached, n_recomputed0 = r.res.n_recomputed;
+    }
+    p.n_cached = n_cached0;  // the prompt's head that was not computed
+    p.n_reused = reused_below + (p.n_reused - from);
+    p.n_new += from - reused_below;
+    p.n_recomputed += n_recomputed0;
+  }
+  apply_reuse_plan(r, p, plan);
+}
+
+// The remote lookup issued at admission, before the request's next prefill rows: the number of
+// rows it may compute now (INT64_MAX: no limit). Rows before the first chunk the lookup asks for
+// are computed meanwhile; when the prefill reaches them the request waits for the lookup at most
+// 4x its expected round trip + 5 ms (thread hand-offs on a loaded machine), and never more than
+// half of what the cost model says recomputing what it asks for takes; past that it computes a chunk's worth per step and looks again. When
+// the lookup brought chunks, the prompt is planned again from the first position not yet
+// computed (copy-ins, repair, guard: as if they had been local at admission). A plan with
+// approximate K/V is only planned again before it ran.
+int64_t Engine::Impl::remote_poll(Request::State& r, StepPlan& plan) {
+  kv::RemoteFetch& f = *r.remote;
+  const bool fresh = r.todo_next == 0;      // nothing computed yet (a pending CacheBlend pass included)
+  const bool plain = !r.approx && !r.blend;  // what is computed is an exact prefix of the prompt
+  const int64_t next = r.todo_next < r.todo.size() ? r.todo[r.todo_next] : int64_t(r.context.size());
+  const bool ahead = plain && next < f.first_token;  // still before anything the lookup may bring
+  bool done = f.ready();
+  double waited = 0;
+  if (!done && !ahead && !r.remote_waited) {
+    r.remote_waited = true;
+    const double t0 = now_ms();
+    done = f.wait_for(std::min(4 * f.expected_ms + 5.0, 0.5 * f.compute_ms));
+    waited = now_ms() - t0;
+  }
+  if (waited > 0) {
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.res.remote_ms += waited;  // the part of TTFT the lookup cost
+  }
+  if (done) {
+    const std::shared_ptr<kv::RemoteFetch> h = std::move(r.remote);
+    r.remote.reset();
+    if (h->n > 0 && (fresh || plain)) {
+      const double ms = r.res.remote_ms;
+      replan_reuse(r, fresh ? r.remote_n_cached : next, plan);
+      std::lock_guard<std::mutex> lock(r.mu);
+      r.res.remote_ms = ms;
+    }
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.res.n_remote_chunks = h->n;
+    return INT64_MAX;
+  }
+  if (ahead) return f.first_token - next;
+  if (!plain) {  // computing would make the fetched chunks unusable for this request: go on without them
+    r.remote.reset();
+    return INT64_MAX;
+  }
+  return std::max<int64_t>(1, opt_.chunk_size);
+}
+
+void Engine::Impl::apply_reuse_plan(Request::State& r, reuse::PromptPlan& p, StepPlan& plan) {
   // The copy-ins, in the plan's order, then the probe of the rows selective will overwrite.
   for (reuse::CopyIn& ci : p.copy_ins) {
     runner_->copy_in(r.seq, ci, chunks_->shape());
@@ -69,6 +182,7 @@ void Engine::Impl::plan_reuse(Request::State& r, int64_t n_cached, StepPlan& pla
   r.first_approx = p.first_approx;
   r.run_starts = std::move(p.run_starts);
   r.rung = p.rung;
+  r.blend = false;
   r.todo = std::move(p.todo);
   r.todo_next = 0;
   if (p.blend) setup_blend(r, std::move(p.blend_plan));

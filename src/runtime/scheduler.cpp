@@ -68,6 +68,7 @@ void Engine::Impl::preempt(Request::State& r) {
   r.todo.clear();
   r.todo_next = 0;
   r.blend = false;
+  r.remote.reset();  // (the lookup still warms the RAM tier)
   r.approx = false;  // resumed from the exact block cache: recomputed exactly, nothing to guard
   r.phase = Request::State::Phase::kWaiting;
   std::lock_guard<std::mutex> lock(r.mu);
@@ -189,6 +190,7 @@ StepPlan Engine::Impl::schedule() {
       }
       ++plan.n_decode;
     } else if (r.phase == Phase::kPrefill) {
+      const int64_t cap = r.remote ? remote_poll(r, plan) : INT64_MAX;  // the remote lookup in flight (reuse.cpp)
       if (r.blend) {
         PlannedBlend pb;
         pb.req = &r;
@@ -207,7 +209,7 @@ StepPlan Engine::Impl::schedule() {
       }
       const int64_t left = int64_t(r.todo.size() - r.todo_next);
       if (budget <= 0 && left > 0) continue;
-      const int64_t take = std::min(left, budget);
+      const int64_t take = std::min({left, budget, cap});
       budget -= take;
       if (take == 0) continue;  // nothing to compute (cannot happen: the last token is always computed)
       b.positions = std::span<const int32_t>(&r.todo[r.todo_next], size_t(take));

@@ -115,9 +115,10 @@ TEST(RemoteStore, RoundTripBetweenTwoStores) {
     a.flush();
     EXPECT_EQ(a.stats().remote.writes, 2);
   }
-  // One object per chunk, under prefix + model + layout version + namespace + kind/key.
+  // One object per chunk, under prefix + model + layout version + namespace + kind/key; the
+  // exact chunk under its content key too (a second complete object, not a pointer).
   const std::vector<std::string> keys = redis.keys("kvboost:*");
-  ASSERT_EQ(keys.size(), 2u);
+  ASSERT_EQ(keys.size(), 3u);
   ChunkStore b(kShape, remote_opts(redis.url()));
   EXPECT_EQ(b.find_prefix(c->keys, c->tokens), nullptr);  // not local yet
   const ChunkQuery q[] = {query_of(*c), query_of(*cc)};
@@ -125,7 +126,9 @@ TEST(RemoteStore, RoundTripBetweenTwoStores) {
   const ChunkStats s = b.stats();
   EXPECT_EQ(s.remote.hits, 2);
   EXPECT_EQ(s.remote.fetches, 1);  // one round trip for the prompt
-  EXPECT_GT(s.remote.bytes, 0);
+  // The exact chunk's bytes came once, not once per key (the pair script).
+  EXPECT_EQ(s.remote.bytes, int64_t(remote_value_bytes(kShape, KvQuant::kF32, 64, "model-a", "u:t") +
+                                    remote_value_bytes(kShape, KvQuant::kF32, 32, "model-a", "u:t")));
   auto hit = b.find_prefix(c->keys, c->tokens);
   ASSERT_NE(hit, nullptr);  // promoted to RAM
   EXPECT_EQ(hit->data, c->data);
@@ -234,17 +237,59 @@ TEST(RemoteStore, TtlAndSizeCap) {
   a.put(make_chunk(65, 2, "model-a", "u:"), false, "u:");  // one token over the cap
   a.flush();
   const std::vector<std::string> keys = redis.keys("kvboost:*");
-  ASSERT_EQ(keys.size(), 1u);
+  ASSERT_EQ(keys.size(), 2u);  // the 64-token chunk under its prefix and its content key
+  for (const auto& k : keys) EXPECT_GT(std::stoi(redis.cmd({"TTL", k})), 100) << k;
   const int ttl = std::stoi(redis.cmd({"TTL", keys[0]}));
   EXPECT_GT(ttl, 100);
   EXPECT_LE(ttl, 120);
   EXPECT_EQ(a.stats().remote.too_big, 1);
   const std::vector<RemoteEntryInfo> list = a.list_remote(100);
-  ASSERT_EQ(list.size(), 1u);
-  EXPECT_EQ(list[0].problem, "");
-  EXPECT_EQ(list[0].n_tokens, 64);
-  EXPECT_EQ(list[0].ns, "u:");
-  EXPECT_GT(list[0].ttl_s, 100);
+  ASSERT_EQ(list.size(), 2u);
+  for (const auto& e : list) {
+    EXPECT_EQ(e.problem, "") << e.key;
+    EXPECT_EQ(e.n_tokens, 64);
+    EXPECT_EQ(e.ns, "u:");
+    EXPECT_GT(e.ttl_s, 100);
+  }
+}
+
+// A document computed exactly on one server (after other text, at another position) is a
+// content hit on another: the exact chunk was written under its content key too. Prefix-only
+// lookups (reuse mode prefix) do not take it; another tenant does not see it; and without EVAL
+// (an ACL user without +eval) the lookup falls back to MGET of both keys.
+TEST(RemoteStore, ExactChunkIsAContentHitElsewhere) {
+  KVBOOST_REQUIRE_REDIS();
+  RedisServer redis;
+  auto c = make_chunk(48, 5, "model-a", "u:t");
+  const uint64_t root = chunk_root("model-a", "u:t");
+  c->keys = chunk_keys(chunk_keys(chunk_first_keys(root), root, std::vector<int32_t>{1, 2, 3}), root, c->tokens);
+  c->pos0 = 3;
+  {
+    ChunkStore a(kShape, remote_opts(redis.url()));
+    a.put(c, false, "u:t");
+    a.flush();
+  }
+  auto at_start = make_chunk(48, 5, "model-a", "u:t");  // the same tokens at position 0, other prefix key
+  ASSERT_NE(at_start->keys.prefix, c->keys.prefix);
+  ASSERT_EQ(at_start->keys.content, c->keys.content);
+  const ChunkQuery q[] = {query_of(*at_start)};
+  {
+    ChunkStore b(kShape, remote_opts(redis.url()));
+    EXPECT_EQ(b.fetch_remote("u:t", q, /*content=*/false), 0);
+    EXPECT_EQ(b.fetch_remote("u:t2", q, true), 0);
+    EXPECT_EQ(b.fetch_remote("u:t", q, true), 1);
+    EXPECT_EQ(b.find_prefix(at_start->keys, at_start->tokens), nullptr);  // not exact here
+    auto hit = b.find_content(c->keys.content, c->tokens);
+    ASSERT_NE(hit, nullptr);
+    EXPECT_EQ(hit->pos0, 3);  // re-rotated by the engine's copy-in, like a local content hit
+    EXPECT_EQ(hit->data, c->data);
+  }
+  redis.cmd({"ACL", "SETUSER", "noeval", "on", ">pw", "~*", "+@all", "-eval", "-evalsha"});
+  const std::string url = "redis://noeval:pw@127.0.0.1:" + std::to_string(redis.port());
+  ChunkStore d(kShape, remote_opts(url));
+  EXPECT_EQ(d.fetch_remote("u:t", q, true), 1);
+  EXPECT_NE(d.find_content(c->keys.content, c->tokens), nullptr);
+  EXPECT_EQ(d.stats().remote.corrupt, 0);
 }
 
 TEST(RemoteStore, CostModelSkipsWhatIsCheaperToRecompute) {
