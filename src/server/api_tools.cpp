@@ -244,28 +244,38 @@ constexpr const char* kClose = "</tool_call>";
 constexpr const char* kPythonTag = "<|python_tag|>";
 constexpr const char* kToolCalls = "[TOOL_CALLS]";
 
-// Splits s at top-level `sep` (outside JSON strings, objects and arrays).
-std::vector<std::string> split_top_level(const std::string& s, char sep) {
-  std::vector<std::string> out;
+// A left-to-right scan of JSON text: feed(c) is true for a character outside strings, after
+// updating the bracket depth ({ [ up, } ] down).
+struct BracketScan {
   int depth = 0;
   bool in_str = false, esc = false;
-  size_t from = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
+  bool feed(char c) {
     if (in_str) {
       if (esc) esc = false;
       else if (c == '\\') esc = true;
       else if (c == '"') in_str = false;
-      continue;
+      return false;
     }
-    if (c == '"') in_str = true;
-    else if (c == '{' || c == '[') ++depth;
+    if (c == '"') {
+      in_str = true;
+      return false;
+    }
+    if (c == '{' || c == '[') ++depth;
     else if (c == '}' || c == ']') --depth;
-    else if (c == sep && depth == 0) {
+    return true;
+  }
+};
+
+// Splits s at top-level `sep` (outside JSON strings, objects and arrays).
+std::vector<std::string> split_top_level(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  BracketScan sc;
+  size_t from = 0;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (sc.feed(s[i]) && s[i] == sep && sc.depth == 0) {
       out.push_back(s.substr(from, i - from));
       from = i + 1;
     }
-  }
   out.push_back(s.substr(from));
   return out;
 }
@@ -273,20 +283,9 @@ std::vector<std::string> split_top_level(const std::string& s, char sep) {
 // The end of the JSON object or array that starts at s[i] (one past its closing bracket), or npos
 // when it does not close.
 size_t json_end(const std::string& s, size_t i) {
-  int depth = 0;
-  bool in_str = false, esc = false;
-  for (; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_str) {
-      if (esc) esc = false;
-      else if (c == '\\') esc = true;
-      else if (c == '"') in_str = false;
-      continue;
-    }
-    if (c == '"') in_str = true;
-    else if (c == '{' || c == '[') ++depth;
-    else if ((c == '}' || c == ']') && --depth == 0) return i + 1;
-  }
+  BracketScan sc;
+  for (; i < s.size(); ++i)
+    if (sc.feed(s[i]) && (s[i] == '}' || s[i] == ']') && sc.depth == 0) return i + 1;
   return std::string::npos;
 }
 

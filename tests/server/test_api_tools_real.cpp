@@ -11,9 +11,11 @@
 #include "kvboost/grammar.h"
 #include "kvboost/tokenizer.h"
 #include "test_util.h"
+#include "tool_call_checks.h"
 
 using namespace kvboost;
 using namespace kvboost::server;
+using kvboost::server::test_tools::expect_stream_equals_whole;
 
 namespace {
 
@@ -99,25 +101,6 @@ void expect_calls(const ojson& got, size_t n, ToolSyntax sx, bool with_ids) {
     if (sx == ToolSyntax::mistral || (sx == ToolSyntax::mistral_v11 && with_ids)) {
       EXPECT_EQ(got[i]["id"], kCalls[i]["id"]);  // the ids the model wrote
     }
-  }
-}
-
-// Streaming at every split point gives the whole-text result.
-void expect_stream_equals_whole(const std::string& text, ToolSyntax sx) {
-  const ToolCallSplit whole = split_tool_calls(text, sx);
-  for (size_t cut = 0; cut <= text.size(); ++cut) {
-    ToolCallStream ts(sx);
-    std::vector<ojson> ds = ts.push(text.substr(0, cut), false);
-    for (auto& d : ts.push(text.substr(cut), true)) ds.push_back(d);
-    std::string content;
-    ojson calls = ojson::array();
-    for (const auto& d : ds) {
-      if (d.contains("content")) content += d["content"].get<std::string>();
-      if (d.contains("tool_calls")) calls.push_back(d["tool_calls"][0]);
-    }
-    EXPECT_EQ(content, whole.content) << "cut " << cut;
-    ASSERT_EQ(calls.size(), whole.tool_calls.size()) << "cut " << cut;
-    for (size_t i = 0; i < calls.size(); ++i) EXPECT_EQ(calls[i]["function"], whole.tool_calls[i]["function"]);
   }
 }
 
