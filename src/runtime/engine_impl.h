@@ -89,7 +89,8 @@ struct Engine::Impl {
   std::array<double, 33> spec_k_cost_{};
   // reuse.cpp: chunk lookups at admission, and storing computed chunks after the prefill.
   void plan_reuse(Request::State& r, int64_t n_cached, StepPlan& plan);
-  reuse::PromptInput reuse_input(Request::State& r, int64_t n_cached, const std::function<bool(int64_t)>& is_break);
+  // The planner's input for r from n_cached on (its is_break refers to r: use it while r lives).
+  reuse::PromptInput reuse_input(Request::State& r, int64_t n_cached);
   void apply_reuse_plan(Request::State& r, reuse::PromptPlan& p, StepPlan& plan);
   void replan_reuse(Request::State& r, int64_t from, StepPlan& plan);
   int64_t remote_poll(Request::State& r, StepPlan& plan);  // the remote lookup overlapped with the prefill

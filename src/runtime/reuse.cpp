@@ -31,9 +31,14 @@ void setup_blend(Request::State& r, reuse::BlendPlan b) {
 }
 }  // namespace
 
-reuse::PromptInput Engine::Impl::reuse_input(Request::State& r, int64_t n_cached,
-                                             const std::function<bool(int64_t)>& is_break) {
+reuse::PromptInput Engine::Impl::reuse_input(Request::State& r, int64_t n_cached) {
   reuse::PromptInput in;
+  // A natural break before token p: the previous token's text ends a line or a sentence.
+  const auto is_break = [this, &r](int64_t p) {
+    const std::string t = tok_.decode({r.context[size_t(p - 1)]});
+    return !t.empty() && (t.back() == '\n' || t.back() == '.' || t.back() == '?' || t.back() == '!' ||
+                          (t.size() >= 2 && t[t.size() - 2] == '.' && t.back() == ' '));
+  };
   in.context = r.context;
   in.segment_starts = r.opt.segment_starts;
   in.n_cached = n_cached;
@@ -50,13 +55,7 @@ reuse::PromptInput Engine::Impl::reuse_input(Request::State& r, int64_t n_cached
 }
 
 void Engine::Impl::plan_reuse(Request::State& r, int64_t n_cached, StepPlan& plan) {
-  // A natural break before token p: the previous token's text ends a line or a sentence.
-  auto is_break = [&](int64_t p) {
-    const std::string t = tok_.decode({r.context[size_t(p - 1)]});
-    return !t.empty() && (t.back() == '\n' || t.back() == '.' || t.back() == '?' || t.back() == '!' ||
-                          (t.size() >= 2 && t[t.size() - 2] == '.' && t.back() == ' '));
-  };
-  reuse::PromptInput in = reuse_input(r, n_cached, is_break);
+  reuse::PromptInput in = reuse_input(r, n_cached);
   // The remote tier's lookup is issued here and overlapped with the prefill (remote_poll);
   // KVBOOST_REMOTE_SYNC=1 waits for it before planning instead (the A/B of docs/chunk-remote.md).
   static const bool sync = [] {
@@ -87,12 +86,7 @@ void Engine::Impl::plan_reuse(Request::State& r, int64_t n_cached, StepPlan& pla
 
 // A plan made again at `from` (remote_poll): positions before it are computed or copied in.
 void Engine::Impl::replan_reuse(Request::State& r, int64_t from, StepPlan& plan) {
-  auto is_break = [&](int64_t p) {
-    const std::string t = tok_.decode({r.context[size_t(p - 1)]});
-    return !t.empty() && (t.back() == '\n' || t.back() == '.' || t.back() == '?' || t.back() == '!' ||
-                          (t.size() >= 2 && t[t.size() - 2] == '.' && t.back() == ' '));
-  };
-  reuse::PromptInput in = reuse_input(r, from, is_break);
+  reuse::PromptInput in = reuse_input(r, from);
   in.remote_lookup = false;
   reuse::PromptPlan p = reuse::plan_prompt(in);
   if (from > r.remote_n_cached) {
