@@ -137,7 +137,7 @@ rows=()
 declare -A lpp_of ltg_of
 for f in $formats; do
   g="${file[$f]}"
-  mib=$(awk -v s="$(stat -c %s "$g")" 'BEGIN { printf "%.0f", s / 1048576 }')
+  mib=$(awk -v s="$(stat -L -c %s "$g")" 'BEGIN { printf "%.0f", s / 1048576 }')
   echo "compare_llamacpp: $f: llama-bench on $g" >&2
   lb_log="$log_dir/llama-bench-$f.md"
   if ! "$llama_bench" -m "$g" -p "$pp" -n "$tg" -t "$threads" -r "$reps" -o md > "$lb_log" 2> "$log_dir/llama-bench-$f.err"; then

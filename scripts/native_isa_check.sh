@@ -48,7 +48,7 @@ echo "Native tests that ran (not skipped):"
 
 echo; echo "## Quantized matmul (docs/kernels-vnni.md): every KVBOOST_QUANT_GEMM path vs the scalar reference"
 echo "flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx_vnni|avx512_vnni|amx_int8|amx_tile)$' | tr '\n' ' ')"
-for q in off avx2 avxvnni avx512vnni amxint8; do
+for q in off avx2 avxvnni avx512vnni amxint8 amxbf16; do
   if KVBOOST_QUANT_GEMM=$q "$B/tests/kernels/test_quant_matmul" --gtest_brief=1 --gtest_filter=-QuantGemm.DispatchAndEnvCap:QuantGemm.KernelPathSpellings >"/tmp/native_isa_quant_$q.log" 2>&1; then
     echo "PASS  KVBOOST_QUANT_GEMM=$q test_quant_matmul"
   else
@@ -81,7 +81,7 @@ done
 echo; echo "## Quantized prefill GEMM paths, GFLOP/s at Qwen2.5-0.5B MLP shapes, M = 512 (bench/quant_gemm_bench)"
 "$B/bench/quant_gemm_bench" 512 3 || fail=1
 if [ -n "${QMODEL:-}" ]; then  # a quantized GGUF (scripts/compare_llamacpp.sh step 2)
-  for q in off avx2 avxvnni avx512vnni amxint8; do
+  for q in off avx2 avxvnni avx512vnni amxint8 amxbf16; do
     echo; echo "## kvboost bench model $QMODEL, KVBOOST_QUANT_GEMM=$q"
     KVBOOST_QUANT_GEMM=$q "$B/kvboost" bench model -m "$QMODEL" --runs "$RUNS" --prefill "$PREFILL" \
       --decode-context 1 --decode-tokens 64 --no-reuse || fail=1

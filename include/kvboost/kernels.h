@@ -53,12 +53,14 @@ void matmul_ref(const float* x, const void* w, WType wt, const float* bias, floa
 // The kernel matmul runs for quantized weights from 16 tokens on (prefill), docs/kernels-vnni.md:
 // an int8 GEMM over panels repacked per call: 8-row panels with vpmaddubsw (Avx2) or 256-bit
 // VEX vpdpbusd (AvxVnni); 16-row panels with 512-bit vpdpbusd (Avx512Vnni, needs the Avx512
-// level) or AMX-INT8 tdpbusd tiles (AmxInt8, needs the AMX level). The best the CPU has, capped
+// level) or AMX-INT8 tdpbusd tiles (AmxInt8, needs the AMX level); above those, where the AMX
+// level is active, AmxBf16: the panels dequantized to bf16 per call and the AMX-BF16 tiles of the
+// packed bf16 GEMM (no per-block int32 epilogue; measured ~2.5x AmxInt8). The best the CPU has, capped
 // by the kernel path (KVBOOST_ISA / set_kernel_path) and by the environment variable
-// KVBOOST_QUANT_GEMM (off|avx2|avxvnni|avx512vnni|amxint8). Scalar (named "off"): active_isa() is
+// KVBOOST_QUANT_GEMM (off|avx2|avxvnni|avx512vnni|amxint8|amxbf16). Scalar (named "off"): active_isa() is
 // Scalar, or KVBOOST_QUANT_GEMM=off: the earlier path (f32 dequantized panels from 64 tokens).
 // Q8_0 under Avx2 also keeps that path (measured faster than the GEMM's two nibble planes).
-enum class QuantGemm : uint8_t { Scalar = 0, Avx2 = 1, AvxVnni = 2, Avx512Vnni = 3, AmxInt8 = 4 };
+enum class QuantGemm : uint8_t { Scalar = 0, Avx2 = 1, AvxVnni = 2, Avx512Vnni = 3, AmxInt8 = 4, AmxBf16 = 5 };
 QuantGemm quant_gemm_path();
 const char* quant_gemm_name(QuantGemm);
 
@@ -69,7 +71,8 @@ const char* quant_gemm_name(QuantGemm);
 //   avxvnni                       Avx2        avxvnni
 //   avx512, avx512vnni            Avx512      avx512vnni
 //   avx512bf16                    Avx512Bf16  avx512vnni
-//   amx, amxbf16, amxint8         AmxBf16     amxint8
+//   amx, amxbf16                  AmxBf16     amxbf16
+//   amxint8                       AmxBf16     amxint8
 // (plus the spellings amx-bf16, amx_bf16, amx-int8, amx_int8, avx512-bf16, avx512_bf16).
 bool parse_kernel_path(std::string_view s, Isa& isa, QuantGemm& quant);
 // Sets both (the --isa flag of the benchmarks); throws Error naming the value if unknown.

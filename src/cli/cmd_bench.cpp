@@ -476,7 +476,7 @@ CLI::App* add_bench(CLI::App& app) {
   auto common = std::make_shared<Common>();
   auto add_common = [common](CLI::App* c) {
     c->add_option("--threads", common->threads, "Threads (default: all cores)");
-    c->add_option("--isa", common->isa, "Kernel path: scalar, avx2, avxvnni, avx512 (= avx512vnni), avx512bf16, amx (= amxint8) (default: KVBOOST_ISA or the best the CPU has; clamped to it)");
+    c->add_option("--isa", common->isa, "Kernel path: scalar, avx2, avxvnni, avx512 (= avx512vnni), avx512bf16, amx (= amxbf16), amxint8 (default: KVBOOST_ISA or the best the CPU has; clamped to it)");
   };
 
   CLI::App* roof = bench->add_subcommand("roofline", "Read bandwidth (1 and all threads) and peak GEMM GFLOP/s of each kernel path");

@@ -49,12 +49,13 @@ const char* quant_gemm_name(QuantGemm q) {
     case QuantGemm::AvxVnni: return "avxvnni";
     case QuantGemm::Avx512Vnni: return "avx512vnni";
     case QuantGemm::AmxInt8: return "amxint8";
+    case QuantGemm::AmxBf16: return "amxbf16";
   }
   return "?";
 }
 
 const char* kernel_path_names() {
-  return "scalar, avx2, avxvnni, avx512, avx512vnni, avx512bf16, amx (= amxbf16), amxint8";
+  return "scalar, avx2, avxvnni, avx512, avx512vnni, avx512bf16, amx (= amxbf16), amxint8 (AMX-BF16 floats, AMX-INT8 quantized GEMM)";
 }
 
 bool parse_kernel_path(std::string_view s, Isa& isa, QuantGemm& quant) {
@@ -64,9 +65,9 @@ bool parse_kernel_path(std::string_view s, Isa& isa, QuantGemm& quant) {
   else if (s == "avx512" || s == "avx512vnni" || s == "avx512-vnni" || s == "avx512_vnni")
     isa = Isa::Avx512, quant = QuantGemm::Avx512Vnni;
   else if (s == "avx512bf16" || s == "avx512-bf16" || s == "avx512_bf16") isa = Isa::Avx512Bf16, quant = QuantGemm::Avx512Vnni;
-  else if (s == "amx" || s == "amxbf16" || s == "amx-bf16" || s == "amx_bf16" || s == "amxint8" || s == "amx-int8" ||
-           s == "amx_int8")
-    isa = Isa::AmxBf16, quant = QuantGemm::AmxInt8;
+  else if (s == "amx" || s == "amxbf16" || s == "amx-bf16" || s == "amx_bf16")
+    isa = Isa::AmxBf16, quant = QuantGemm::AmxBf16;
+  else if (s == "amxint8" || s == "amx-int8" || s == "amx_int8") isa = Isa::AmxBf16, quant = QuantGemm::AmxInt8;
   else return false;
   return true;
 }
@@ -79,7 +80,7 @@ QuantGemm kernel_path_quant_cap() {
   int v = g_quant_cap.load(std::memory_order_relaxed);
   if (v < 0) {
     Isa isa = Isa::AmxBf16;
-    QuantGemm q = QuantGemm::AmxInt8;
+    QuantGemm q = QuantGemm::AmxBf16;
     if (const char* e = std::getenv("KVBOOST_ISA"); e && *e) (void)parse_kernel_path(e, isa, q);
     v = int(q);
     g_quant_cap.store(v, std::memory_order_relaxed);
@@ -101,8 +102,8 @@ QuantGemm quant_gemm_path() {
   if (isa < Isa::Avx2) return QuantGemm::Scalar;
   const CpuFeatures& f = cpu_features();
   // What this CPU runs, within the active float level.
-  bool have[5] = {true, true, f.avxvnni, isa >= Isa::Avx512 && f.avx512vnni && f.avx512bw && f.avx512vl,
-                  isa >= Isa::AmxBf16 && f.amx_tile && f.amx_int8 && f.avx512vnni};
+  bool have[6] = {true, true, f.avxvnni, isa >= Isa::Avx512 && f.avx512vnni && f.avx512bw && f.avx512vl,
+                  isa >= Isa::AmxBf16 && f.amx_tile && f.amx_int8 && f.avx512vnni, isa >= Isa::AmxBf16};
   QuantGemm cap = kernel_path_quant_cap();
   // KVBOOST_QUANT_GEMM caps it further (read on every call: tests and benchmarks switch it).
   if (const char* e = std::getenv("KVBOOST_QUANT_GEMM"); e && *e) {
@@ -112,8 +113,9 @@ QuantGemm quant_gemm_path() {
     else if (v == "avx2") c = QuantGemm::Avx2;
     else if (v == "avxvnni") c = QuantGemm::AvxVnni;
     else if (v == "avx512vnni") c = QuantGemm::Avx512Vnni;
-    else if (v == "amxint8" || v == "amx") c = QuantGemm::AmxInt8;
-    else fail("KVBOOST_QUANT_GEMM='", v, "': expected off, avx2, avxvnni, avx512vnni or amxint8");
+    else if (v == "amxint8") c = QuantGemm::AmxInt8;
+    else if (v == "amxbf16" || v == "amx") c = QuantGemm::AmxBf16;
+    else fail("KVBOOST_QUANT_GEMM='", v, "': expected off, avx2, avxvnni, avx512vnni, amxint8 or amxbf16");
     if (c < cap) cap = c;
   }
   for (int q = int(cap); q > 0; --q)
@@ -135,6 +137,7 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
       const QuantGemm path = quant_gemm_path();
       if (M >= cpu::kQGemmMinM && !(wt == WType::Q8_0 && path == QuantGemm::Avx2)) {
         switch (path) {
+          case QuantGemm::AmxBf16: return cpu::matmul_qbf16_amx(x, w, wt, bias, y, M, N, K);
           case QuantGemm::AmxInt8: return cpu::matmul_qgemm_amx(x, w, wt, bias, y, M, N, K);
           case QuantGemm::Avx512Vnni: return cpu::matmul_qgemm_avx512vnni(x, w, wt, bias, y, M, N, K);
           case QuantGemm::AvxVnni: return cpu::matmul_qgemm_avxvnni(x, w, wt, bias, y, M, N, K);

@@ -30,6 +30,8 @@ void matmul_qgemm_avx512vnni_emu(const float* x, const void* w, kernels::WType w
                                  int64_t M, int64_t N, int64_t K);
 void matmul_qgemm_amx_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y, int64_t M,
                           int64_t N, int64_t K);
+void matmul_qbf16_amx_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y, int64_t M,
+                          int64_t N, int64_t K);
 }
 
 using namespace kvboost;
@@ -117,6 +119,42 @@ void check_kernel(Kernel fast, const char* name) {
       }
 }
 
+// The AMX-BF16 quantized prefill (matmul_qbf16_impl.h) computes with bf16-rounded activations and
+// bf16-rounded dequantized weights: its reference is that product summed in double, and the only
+// difference left is the f32 accumulation in the tiles: 1e-4 * sum_k |x w| (+ 1e-6). A layout or
+// tail error is off by whole products, far outside it.
+void check_bf16_kernel(Kernel fast, const char* name) {
+  for (WType wt : kTypes)
+    for (const Shape& s : kShapes)
+      for (bool with_bias : {false, true}) {
+        const int64_t be = wtype_block_elems(wt), K = (s.K + be - 1) / be * be, M = s.M, N = s.N;
+        const uint64_t seed = uint64_t(int(wt)) * 1000 + uint64_t(M * 31 + N * 7 + K);
+        const std::vector<uint8_t> w = random_blocks(wt, N, K, seed);
+        std::vector<float> x = randv(size_t(M * K), seed + 1, 1.0f);
+        const std::vector<float> bias = randv(size_t(N), seed + 2, 0.1f);
+        std::vector<float> wf(size_t(N * K));
+        const size_t rb = size_t(wtype_row_bytes(wt, K));
+        for (int64_t n = 0; n < N; ++n) to_f32(w.data() + n * rb, wt, wf.data() + n * K, K);
+        auto r16 = [](float v) { return bf16_to_f32(f32_to_bf16(v)); };
+        std::vector<float> got(size_t(M * N), -1.0f);
+        fast(x.data(), w.data(), wt, with_bias ? bias.data() : nullptr, got.data(), M, N, K);
+        int bad = 0;
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            double ref = with_bias ? bias[size_t(n)] : 0.0, mag = 0.0;
+            for (int64_t k = 0; k < K; ++k) {
+              const double p = double(r16(x[size_t(m * K + k)])) * r16(wf[size_t(n * K + k)]);
+              ref += p, mag += std::fabs(p);
+            }
+            const double g = got[size_t(m * N + n)], tol = 1e-4 * mag + 1e-6;
+            if (!(std::fabs(g - ref) <= tol) && bad++ < 3)
+              ADD_FAILURE() << name << " " << wtype_name(wt) << " M=" << M << " N=" << N << " K=" << K
+                            << " bias=" << with_bias << " out " << m << "," << n << ": got " << g << " want " << ref
+                            << " (tol " << tol << ")";
+          }
+      }
+}
+
 TEST(QuantGemm, Avx2MatchesIntReference) {
   if (!(cpu_features().avx2 && cpu_features().fma && cpu_features().f16c)) GTEST_SKIP() << "no AVX2";
   IsaGuard g;
@@ -151,6 +189,15 @@ TEST(QuantGemm, AmxInt8EmulatedMatchesIntReference) {
     check_kernel(matmul_qgemm_amx_emu, "amx-int8 (SIMDe + AMX emulator)");
   }
 }
+
+TEST(QuantGemm, AmxBf16EmulatedMatchesBf16Reference) {
+  if (!(cpu_features().avx2 && cpu_features().fma && cpu_features().f16c)) GTEST_SKIP() << "no AVX2";
+  IsaGuard g;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    check_bf16_kernel(matmul_qbf16_amx_emu, "amx-bf16 quantized (SIMDe + AMX emulator)");
+  }
+}
 #endif
 
 TEST(Native, AvxVnniMatchesIntReference) {
@@ -171,6 +218,17 @@ TEST(Native, AmxInt8MatchesIntReference) {
   check_kernel(cpu::matmul_qgemm_amx, "amxint8");
 }
 
+TEST(Native, AmxBf16QuantMatchesBf16Reference) {
+  const CpuFeatures& f = cpu_features();
+  if (!(f.amx_tile && f.amx_bf16 && f.avx512bf16 && f.avx512bw && f.avx512vl)) GTEST_SKIP() << "CPU has no AMX-BF16";
+  if (!amx_request_permission()) GTEST_SKIP() << "the OS refused the AMX tile state";
+  IsaGuard g;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    check_bf16_kernel(cpu::matmul_qbf16_amx, "amxbf16 quantized");
+  }
+}
+
 // The kernel-path spellings: each names a float level and a quantized-GEMM cap; unknown ones
 // are refused with the accepted list; set_kernel_path clamps to the CPU.
 TEST(QuantGemm, KernelPathSpellings) {
@@ -183,8 +241,8 @@ TEST(QuantGemm, KernelPathSpellings) {
                         {"avxvnni", Isa::Avx2, QuantGemm::AvxVnni},     {"avx512", Isa::Avx512, QuantGemm::Avx512Vnni},
                         {"avx512vnni", Isa::Avx512, QuantGemm::Avx512Vnni},
                         {"avx512bf16", Isa::Avx512Bf16, QuantGemm::Avx512Vnni},
-                        {"amx", Isa::AmxBf16, QuantGemm::AmxInt8},      {"amxint8", Isa::AmxBf16, QuantGemm::AmxInt8},
-                        {"amx-int8", Isa::AmxBf16, QuantGemm::AmxInt8}};
+                        {"amx", Isa::AmxBf16, QuantGemm::AmxBf16},      {"amxbf16", Isa::AmxBf16, QuantGemm::AmxBf16},
+                        {"amxint8", Isa::AmxBf16, QuantGemm::AmxInt8},  {"amx-int8", Isa::AmxBf16, QuantGemm::AmxInt8}};
   for (const Case& c : cases) {
     Isa isa = Isa::Scalar;
     QuantGemm q = QuantGemm::Scalar;
@@ -218,6 +276,7 @@ TEST(QuantGemm, KernelPathSpellings) {
   if (!(f.amx_tile && f.amx_int8)) {
     EXPECT_NE(best, QuantGemm::AmxInt8);
   }
+  EXPECT_NE(best, QuantGemm::AmxBf16);  // amxint8 caps below amxbf16
   set_kernel_path("scalar");
   EXPECT_EQ(quant_gemm_path(), QuantGemm::Scalar);
   set_kernel_path("amx");  // back to the best (IsaGuard restores the float level)

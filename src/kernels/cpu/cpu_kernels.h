@@ -107,6 +107,10 @@ void matmul_qgemm_avx512vnni(const float* x, const void* w, WType wt, const floa
                              int64_t N, int64_t K);
 void matmul_qgemm_amx(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
                       int64_t N, int64_t K);
+// Quantized prefill on AMX-BF16 tiles over per-call bf16-dequantized panels (matmul_qbf16_amx.cpp;
+// only where active_isa() >= Isa::AmxBf16).
+void matmul_qbf16_amx(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M, int64_t N,
+                      int64_t K);
 // n elements (whole blocks) of a quantized row to f32: dispatching (fast) and scalar reference.
 void dequantize_wrow(const void* src, WType wt, float* dst, int64_t n);
 void dequantize_wrow_ref(const void* src, WType wt, float* dst, int64_t n);
