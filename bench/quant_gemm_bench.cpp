@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
               (long long)M, num_threads(), isa_name(active_isa()), quant_gemm_name(quant_gemm_path()), rounds);
   std::vector<std::string> paths = {"off", "avx2"};
   // Every VNNI / AMX path this CPU runs (each capped in turn: an AMX host also shows avx512vnni).
-  for (const char* q : {"avxvnni", "avx512vnni", "amxint8", "amxbf16"}) {
+  for (const char* q : {"avxvnni", "avx512vnni", "avx512bf16", "amxint8", "amxbf16"}) {
     ::setenv("KVBOOST_QUANT_GEMM", q, 1);
     if (std::string(quant_gemm_name(quant_gemm_path())) == q) paths.push_back(q);
   }

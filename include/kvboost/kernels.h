@@ -57,10 +57,18 @@ void matmul_ref(const float* x, const void* w, WType wt, const float* bias, floa
 // level is active, AmxBf16: the panels dequantized to bf16 per call and the AMX-BF16 tiles of the
 // packed bf16 GEMM (no per-block int32 epilogue; measured ~2.5x AmxInt8). The best the CPU has, capped
 // by the kernel path (KVBOOST_ISA / set_kernel_path) and by the environment variable
-// KVBOOST_QUANT_GEMM (off|avx2|avxvnni|avx512vnni|amxint8|amxbf16). Scalar (named "off"): active_isa() is
+// KVBOOST_QUANT_GEMM (off|avx2|avxvnni|avx512vnni|avx512bf16|amxint8|amxbf16). Scalar (named "off"): active_isa() is
 // Scalar, or KVBOOST_QUANT_GEMM=off: the earlier path (f32 dequantized panels from 64 tokens).
 // Q8_0 under Avx2 also keeps that path (measured faster than the GEMM's two nibble planes).
-enum class QuantGemm : uint8_t { Scalar = 0, Avx2 = 1, AvxVnni = 2, Avx512Vnni = 3, AmxInt8 = 4, AmxBf16 = 5 };
+enum class QuantGemm : uint8_t {
+  Scalar = 0,
+  Avx2 = 1,
+  AvxVnni = 2,
+  Avx512Vnni = 3,
+  Avx512Bf16 = 4,  // bf16-dequantized panels, vdpbf16ps: only by KVBOOST_QUANT_GEMM=avx512bf16
+  AmxInt8 = 5,
+  AmxBf16 = 6,
+};
 QuantGemm quant_gemm_path();
 const char* quant_gemm_name(QuantGemm);
 

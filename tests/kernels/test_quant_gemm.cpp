@@ -32,6 +32,8 @@ void matmul_qgemm_amx_emu(const float* x, const void* w, kernels::WType wt, cons
                           int64_t N, int64_t K);
 void matmul_qbf16_amx_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y, int64_t M,
                           int64_t N, int64_t K);
+void matmul_qbf16_avx512bf16_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y,
+                                 int64_t M, int64_t N, int64_t K);
 }
 
 using namespace kvboost;
@@ -196,6 +198,7 @@ TEST(QuantGemm, AmxBf16EmulatedMatchesBf16Reference) {
   for (int threads : {1, 2}) {
     set_num_threads(threads);
     check_bf16_kernel(matmul_qbf16_amx_emu, "amx-bf16 quantized (SIMDe + AMX emulator)");
+    check_bf16_kernel(matmul_qbf16_avx512bf16_emu, "avx512bf16 quantized (SIMDe)");
   }
 }
 #endif
@@ -226,6 +229,16 @@ TEST(Native, AmxBf16QuantMatchesBf16Reference) {
   for (int threads : {1, 2}) {
     set_num_threads(threads);
     check_bf16_kernel(cpu::matmul_qbf16_amx, "amxbf16 quantized");
+  }
+}
+
+TEST(Native, Avx512Bf16QuantMatchesBf16Reference) {
+  const CpuFeatures& f = cpu_features();
+  if (!(f.avx512bf16 && f.avx512bw && f.avx512vl && f.avx512f)) GTEST_SKIP() << "CPU has no AVX512-BF16";
+  IsaGuard g;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    check_bf16_kernel(cpu::matmul_qbf16_avx512bf16, "avx512bf16 quantized");
   }
 }
 
@@ -296,6 +309,16 @@ TEST(QuantGemm, DispatchAndEnvCap) {
   EXPECT_THROW(quant_gemm_path(), Error);
   ::unsetenv("KVBOOST_QUANT_GEMM");
   EXPECT_EQ(quant_gemm_path(), best);
+  EXPECT_NE(best, QuantGemm::Avx512Bf16);  // only ever by name
+  {
+    IsaGuard g2;
+    set_active_isa(Isa::Avx512Bf16);
+    ::setenv("KVBOOST_QUANT_GEMM", "avx512bf16", 1);
+    const QuantGemm named = quant_gemm_path();
+    ::unsetenv("KVBOOST_QUANT_GEMM");
+    if (active_isa() >= Isa::Avx512Bf16) EXPECT_EQ(named, QuantGemm::Avx512Bf16);
+    else EXPECT_NE(named, QuantGemm::Avx512Bf16);
+  }
   set_active_isa(Isa::Scalar);
   EXPECT_EQ(quant_gemm_path(), QuantGemm::Scalar);
   set_active_isa(Isa::Avx2);

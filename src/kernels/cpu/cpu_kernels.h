@@ -111,6 +111,9 @@ void matmul_qgemm_amx(const float* x, const void* w, WType wt, const float* bias
 // only where active_isa() >= Isa::AmxBf16).
 void matmul_qbf16_amx(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M, int64_t N,
                       int64_t K);
+// The same over vdpbf16ps tiles (matmul_qbf16_avx512bf16.cpp; only where active_isa() >= Avx512Bf16).
+void matmul_qbf16_avx512bf16(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
+                             int64_t N, int64_t K);
 // n elements (whole blocks) of a quantized row to f32: dispatching (fast) and scalar reference.
 void dequantize_wrow(const void* src, WType wt, float* dst, int64_t n);
 void dequantize_wrow_ref(const void* src, WType wt, float* dst, int64_t n);

@@ -14,7 +14,10 @@
 // bf16 (relative 2^-9, per element), against the int8 paths' per-block activation quantization
 // (max |x| / 254 per element).
 //
-// Before including: matmul_packed_avx512_impl.h with KVB_MM_AMX (its namespace KVB_MM512_NS),
+// The same scheme without AMX (QuantGemm::Avx512Bf16, matmul_qbf16_avx512bf16.cpp): the panels as
+// above, then the vdpbf16ps tiles of the packed bf16 GEMM (bf16_tile, 12 tokens x 32 rows).
+//
+// Before including: matmul_packed_avx512_impl.h with KVB_MM_AMX or KVB_MM_BF16 (its namespace KVB_MM512_NS),
 // and KVB_QBF16_PORTABLE where the bf16 rounding and the transpose must avoid vcvtneps2bf16 and
 // gathers (SIMDe 0.7.4 builds). Defines KVB_MM512_NS::matmul_qbf16.
 // (no include guard: each including file includes it once)
@@ -68,7 +71,11 @@ inline void matmul_qbf16(const float* x, const void* wv, WType wt, const float* 
   const int64_t Kp = a.Kp;
   const int64_t n_panels = (N + 15) / 16;
   const int64_t panel_bytes = pairs_panel_bytes(K);
+#ifdef KVB_MM_AMX
   const Split s = split_work(M, n_panels, 32);
+#else
+  const Split s = split_work(M, n_panels, kMR);
+#endif
   const bool parallel = s.n_pairs * s.n_mb > 1 && M * N * K >= (int64_t(1) << 17);
   static std::atomic<uint64_t> next_call{1};
   const uint64_t call = next_call.fetch_add(1, std::memory_order_relaxed);
@@ -93,11 +100,30 @@ inline void matmul_qbf16(const float* x, const void* wv, WType wt, const float* 
       packed_pair = pp;
     }
     const int64_t m0 = b * s.mb, m1 = std::min(M, m0 + s.mb);
+    const int64_t nv0 = std::min<int64_t>(16, N - n0), nv1 = std::min<int64_t>(16, N - n0 - 16);
+    const float* bb = bias ? bias + n0 : nullptr;
+#ifdef KVB_MM_AMX
     KVB_AMX_THREAD_INIT();
     load_tile_config(gemm_tile_config());
-    amx_item(a, m0, m1, M, buf, buf + panel_bytes, y + n0, N, bias ? bias + n0 : nullptr,
-             std::min<int64_t>(16, N - n0), std::min<int64_t>(16, N - n0 - 16));
+    amx_item(a, m0, m1, M, buf, buf + panel_bytes, y + n0, N, bb, nv0, nv1);
     _tile_release();
+#else
+    const uint8_t* p1 = buf + panel_bytes;
+    const int64_t n_pairs = (K + 1) / 2;
+    for (int64_t m = m0; m < m1;) {
+      const int mr = next_tile(m1 - m);
+      const uint16_t* xm = a.data + m * a.Kp;
+      float* ym = y + m * N + n0;
+      switch (mr) {
+        case 12: bf16_tile<12>(xm, a.Kp, n_pairs, buf, p1, ym, N, bb, nv0, nv1); break;
+        case 8: bf16_tile<8>(xm, a.Kp, n_pairs, buf, p1, ym, N, bb, nv0, nv1); break;
+        case 4: bf16_tile<4>(xm, a.Kp, n_pairs, buf, p1, ym, N, bb, nv0, nv1); break;
+        case 2: bf16_tile<2>(xm, a.Kp, n_pairs, buf, p1, ym, N, bb, nv0, nv1); break;
+        default: bf16_tile<1>(xm, a.Kp, n_pairs, buf, p1, ym, N, bb, nv0, nv1); break;
+      }
+      m += mr;
+    }
+#endif
   });
 }
 
