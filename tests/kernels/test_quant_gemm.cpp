@@ -32,6 +32,8 @@ void matmul_qgemm_amx_emu(const float* x, const void* w, kernels::WType wt, cons
                           int64_t N, int64_t K);
 void matmul_qbf16_amx_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y, int64_t M,
                           int64_t N, int64_t K);
+void gemv_q_avx512vnni_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y, int64_t N,
+                           int64_t K);
 void matmul_qbf16_avx512bf16_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y,
                                  int64_t M, int64_t N, int64_t K);
 }
@@ -157,6 +159,33 @@ void check_bf16_kernel(Kernel fast, const char* name) {
       }
 }
 
+// The 512-bit VNNI decode GEMV (gemv_q_avx512_impl.h: Q8_0, Q4_0, one token) against the integer
+// reference: N around its 4-row steps and the threads' 16-row boundaries, K of 1..40 blocks.
+using Gemv = void (*)(const float*, const void*, WType, const float*, float*, int64_t, int64_t);
+void check_gemv(Gemv fast, const char* name) {
+  for (WType wt : {WType::Q8_0, WType::Q4_0})
+    for (int64_t N : {1, 3, 4, 5, 17, 40, 333})
+      for (int64_t K : {32, 96, 640, 1280})
+        for (bool with_bias : {false, true}) {
+          const uint64_t seed = uint64_t(int(wt)) * 77 + uint64_t(N * 13 + K);
+          const std::vector<uint8_t> w = random_blocks(wt, N, K, seed);
+          const std::vector<float> x = randv(size_t(K), seed + 1, 1.0f);
+          const std::vector<float> bias = randv(size_t(N), seed + 2, 0.1f);
+          const float* b = with_bias ? bias.data() : nullptr;
+          std::vector<float> ref(static_cast<size_t>(N)), got(static_cast<size_t>(N), -1.0f);
+          cpu::matmul_q_int_ref(x.data(), w.data(), wt, b, ref.data(), 1, N, K);
+          fast(x.data(), w.data(), wt, b, got.data(), N, K);
+          const std::vector<double> mag = magnitudes(x, w, wt, 1, N, K);
+          int bad = 0;
+          for (int64_t n = 0; n < N; ++n) {
+            const double tol = 2e-5 * mag[size_t(n)] + 1e-6;
+            if (!(std::fabs(double(got[size_t(n)]) - ref[size_t(n)]) <= tol) && bad++ < 3)
+              ADD_FAILURE() << name << " " << wtype_name(wt) << " N=" << N << " K=" << K << " bias=" << with_bias
+                            << " row " << n << ": got " << got[size_t(n)] << " want " << ref[size_t(n)];
+          }
+        }
+}
+
 TEST(QuantGemm, Avx2MatchesIntReference) {
   if (!(cpu_features().avx2 && cpu_features().fma && cpu_features().f16c)) GTEST_SKIP() << "no AVX2";
   IsaGuard g;
@@ -201,6 +230,15 @@ TEST(QuantGemm, AmxBf16EmulatedMatchesBf16Reference) {
     check_bf16_kernel(matmul_qbf16_avx512bf16_emu, "avx512bf16 quantized (SIMDe)");
   }
 }
+
+TEST(QuantGemm, Avx512VnniGemvEmulatedMatchesIntReference) {
+  if (!(cpu_features().avx2 && cpu_features().fma && cpu_features().f16c)) GTEST_SKIP() << "no AVX2";
+  IsaGuard g;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    check_gemv(gemv_q_avx512vnni_emu, "avx512vnni gemv (SIMDe)");
+  }
+}
 #endif
 
 TEST(Native, AvxVnniMatchesIntReference) {
@@ -212,6 +250,16 @@ TEST(Native, Avx512VnniMatchesIntReference) {
   const CpuFeatures& f = cpu_features();
   if (!(f.avx512vnni && f.avx512vl && f.avx512bw && f.avx512f)) GTEST_SKIP() << "CPU has no AVX512-VNNI";
   check_kernel(cpu::matmul_qgemm_avx512vnni, "avx512vnni");
+}
+
+TEST(Native, Avx512VnniGemvMatchesIntReference) {
+  const CpuFeatures& f = cpu_features();
+  if (!(f.avx512vnni && f.avx512vl && f.avx512bw && f.avx512f)) GTEST_SKIP() << "CPU has no AVX512-VNNI";
+  IsaGuard g;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    check_gemv(cpu::gemv_q_avx512vnni, "avx512vnni gemv");
+  }
 }
 
 TEST(Native, AmxInt8MatchesIntReference) {

@@ -1,0 +1,24 @@
+// Decode GEMV over Q8_0 / Q4_0 blocks with 512-bit vpdpbusd (gemv_q_avx512_impl.h), native
+// build: -mavx512f/bw/vl/vnni for this file only; dispatch.cpp calls it for one token where the
+// quantized path is avx512vnni or above (the Avx512 level and AVX512-VNNI).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu/cpu_kernels.h"
+#include "kvboost/common.h"
+
+#define KVB_GV_NS gemv512
+#include "cpu/gemv_q_avx512_impl.h"
+
+namespace kvboost::kernels::cpu {
+
+void gemv_q_avx512vnni(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t N, int64_t K) {
+  check_quant_args(wt, K, "matmul");
+  if (wt != WType::Q8_0 && wt != WType::Q4_0) fail("gemv_q_avx512vnni: ", wtype_name(wt), " is not Q8_0 or Q4_0");
+  gemv512::gemv(x, static_cast<const uint8_t*>(w), wt == WType::Q4_0, bias, y, N, K);
+}
+
+}  // namespace kvboost::kernels::cpu

@@ -1,0 +1,25 @@
+// Test-only build of the 512-bit VNNI decode GEMV (src/kernels/cpu/gemv_q_avx512_impl.h, the source
+// gemv_q_avx512vnni.cpp compiles natively) on SIMDe's portable AVX-512, compiled for AVX2+FMA+F16C
+// in its own namespace.
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu/cpu_kernels.h"
+#include "kvboost/common.h"
+
+#define KVB_GV_NS gemv512_emu
+#define KVB_GV_PORTABLE 1  // SIMDe 0.7.4 lacks vcvtdq2ps zmm
+#include "cpu/gemv_q_avx512_impl.h"
+
+namespace kvboost::kernel_test {
+
+void gemv_q_avx512vnni_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y, int64_t N,
+                           int64_t K) {
+  kernels::cpu::gemv512_emu::gemv(x, static_cast<const uint8_t*>(w), wt == kernels::WType::Q4_0, bias, y, N, K);
+}
+
+}  // namespace kvboost::kernel_test
