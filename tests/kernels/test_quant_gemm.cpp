@@ -32,8 +32,8 @@ void matmul_qgemm_amx_emu(const float* x, const void* w, kernels::WType wt, cons
                           int64_t N, int64_t K);
 void matmul_qbf16_amx_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y, int64_t M,
                           int64_t N, int64_t K);
-void gemv_q_avx512vnni_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y, int64_t N,
-                           int64_t K);
+void gemv_q_avx512vnni_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y, int64_t M,
+                           int64_t N, int64_t K);
 void matmul_qbf16_avx512bf16_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y,
                                  int64_t M, int64_t N, int64_t K);
 }
@@ -159,29 +159,31 @@ void check_bf16_kernel(Kernel fast, const char* name) {
       }
 }
 
-// The 512-bit VNNI decode GEMV (gemv_q_avx512_impl.h: Q8_0, Q4_0, one token) against the integer
-// reference: N around its 4-row steps and the threads' 16-row boundaries, K of 1..40 blocks.
-using Gemv = void (*)(const float*, const void*, WType, const float*, float*, int64_t, int64_t);
-void check_gemv(Gemv fast, const char* name) {
+// The 512-bit VNNI decode GEMV (gemv_q_avx512_impl.h: Q8_0, Q4_0, 1..15 tokens) against the
+// integer reference: M around its 6-token tiles, N around its 4-row steps and the threads' 16-row
+// boundaries, K of 1..40 blocks.
+void check_gemv(Kernel fast, const char* name) {
   for (WType wt : {WType::Q8_0, WType::Q4_0})
+    for (int64_t M : {1, 2, 6, 7, 9, 15})
     for (int64_t N : {1, 3, 4, 5, 17, 40, 333})
       for (int64_t K : {32, 96, 640, 1280})
         for (bool with_bias : {false, true}) {
-          const uint64_t seed = uint64_t(int(wt)) * 77 + uint64_t(N * 13 + K);
+          if (M > 2 && N > 40 && K > 96) continue;  // the long cases once per type
+          const uint64_t seed = uint64_t(int(wt)) * 77 + uint64_t(M * 1001 + N * 13 + K);
           const std::vector<uint8_t> w = random_blocks(wt, N, K, seed);
-          const std::vector<float> x = randv(size_t(K), seed + 1, 1.0f);
+          const std::vector<float> x = randv(size_t(M * K), seed + 1, 1.0f);
           const std::vector<float> bias = randv(size_t(N), seed + 2, 0.1f);
           const float* b = with_bias ? bias.data() : nullptr;
-          std::vector<float> ref(static_cast<size_t>(N)), got(static_cast<size_t>(N), -1.0f);
-          cpu::matmul_q_int_ref(x.data(), w.data(), wt, b, ref.data(), 1, N, K);
-          fast(x.data(), w.data(), wt, b, got.data(), N, K);
-          const std::vector<double> mag = magnitudes(x, w, wt, 1, N, K);
+          std::vector<float> ref(static_cast<size_t>(M * N)), got(static_cast<size_t>(M * N), -1.0f);
+          cpu::matmul_q_int_ref(x.data(), w.data(), wt, b, ref.data(), M, N, K);
+          fast(x.data(), w.data(), wt, b, got.data(), M, N, K);
+          const std::vector<double> mag = magnitudes(x, w, wt, M, N, K);
           int bad = 0;
-          for (int64_t n = 0; n < N; ++n) {
-            const double tol = 2e-5 * mag[size_t(n)] + 1e-6;
-            if (!(std::fabs(double(got[size_t(n)]) - ref[size_t(n)]) <= tol) && bad++ < 3)
-              ADD_FAILURE() << name << " " << wtype_name(wt) << " N=" << N << " K=" << K << " bias=" << with_bias
-                            << " row " << n << ": got " << got[size_t(n)] << " want " << ref[size_t(n)];
+          for (size_t i = 0; i < ref.size(); ++i) {
+            const double tol = 2e-5 * mag[i] + 1e-6;
+            if (!(std::fabs(double(got[i]) - ref[i]) <= tol) && bad++ < 3)
+              ADD_FAILURE() << name << " " << wtype_name(wt) << " M=" << M << " N=" << N << " K=" << K
+                            << " bias=" << with_bias << " out " << i << ": got " << got[i] << " want " << ref[i];
           }
         }
 }

@@ -1,4 +1,5 @@
-// Decode GEMV (one token, M = 1) over Q8_0 and Q4_0 weights as stored, with 512-bit vpdpbusd:
+// Decode GEMV (a few tokens: decode, speculative verification) over Q8_0 and Q4_0 weights as
+// stored, with 512-bit vpdpbusd:
 // the one source of the native AVX512-VNNI build (gemv_q_avx512vnni.cpp) and of the SIMDe build
 // tests/kernels/gemv_q_avx512_emu.cpp (define KVB_GV_PORTABLE there: no zmm cvtdq2ps in SIMDe
 // 0.7.4). Define KVB_GV_NS (the namespace inside kvboost::kernels::cpu) before including.
@@ -15,7 +16,8 @@
 //         hi] (nibbles 0..15, unsigned); the activation block is laid out to match once per call
 //         ([x0..15 | x0..15 | x16..31 | x16..31]); zero point 8: y = sum d_w d_x dot - 8 sum d_w s.
 // Four rows per step (two zmm): the four f16 scales are gathered into one vector, converted and
-// multiplied by d_x once, then spread to the lanes of each row by one permute. The int32 dots are
+// spread to the lanes of each row by one permute per pair; the rows' blocks are unpacked once for
+// up to 6 tokens (per token and row pair: vpdpbusd, convert, multiply, FMA). The int32 dots are
 // exact; only the order of the f32 sums differs from cpu::matmul_q_int_ref.
 // (no include guard: each including file defines KVB_GV_NS and includes it once)
 
@@ -59,18 +61,20 @@ inline __m512i gv_lane_index(int pair) {
     return _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b);
 }
 
-// Rows [n0, n0 + nr) (nr = 1..4) of y for the token in `a`; xb: the activation blocks as the
-// kernel reads them (Q8_0: 32 bytes per block; Q4_0: 64 bytes per block, the layout above).
-template <bool Q4>
-inline void gv_rows(const QAct& a, const int8_t* xb, const uint8_t* w, size_t rb, int64_t n0, int nr,
-                    const float* bias, float* y, const uint8_t* pf) {
+// Rows [n0, n0 + nr) (nr = 1..4) of y for tokens [m0, m0 + MR) of `a`; xb: the activation
+// blocks as the kernel reads them (Q8_0: a.q, 32 bytes per block; Q4_0: 64 bytes per block, the
+// layout above), xs bytes per token. The rows' blocks are unpacked once for the MR tokens.
+template <bool Q4, int MR>
+inline void gv_tile(const QAct& a, int64_t m0, const int8_t* xb, int64_t xs, const uint8_t* w, size_t rb,
+                    int64_t n0, int nr, const float* bias, float* y, int64_t N, const uint8_t* pf) {
   constexpr int kB = Q4 ? 18 : 34;  // block bytes
   constexpr float kZero = Q4 ? 8.0f : 128.0f;
   const int64_t nb = a.nb;
   const uint8_t* row[4];
   for (int r = 0; r < 4; ++r) row[r] = w + size_t(n0 + std::min(r, nr - 1)) * rb;  // rows past nr repeat the last
-  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-  __m128 zacc = _mm_setzero_ps();
+  __m512 acc[MR][2];
+  __m128 zacc[MR];
+  for (int t = 0; t < MR; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps(), zacc[t] = _mm_setzero_ps();
   const __m512i idx0 = gv_lane_index<Q4>(0), idx1 = gv_lane_index<Q4>(1);
   const __m512i flip = _mm512_set1_epi8(char(0x80)), m4 = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
@@ -80,73 +84,105 @@ inline void gv_rows(const QAct& a, const int8_t* xb, const uint8_t* w, size_t rb
     const __m128i hdr = _mm_setr_epi16(short(gv_u16(row[0] + off)), short(gv_u16(row[1] + off)),
                                        short(gv_u16(row[2] + off)), short(gv_u16(row[3] + off)), 0, 0, 0, 0);
     const __m128 dw = _mm_cvtph_ps(hdr);
-    zacc = _mm_fmadd_ps(dw, _mm_set1_ps(a.s[b]), zacc);
-    const __m512 s16 = _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(a.d[b])));
-    __m512i x;
-    if constexpr (Q4) x = _mm512_loadu_si512(xb + b * 64);
-    else x = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + b * 32)));
+    const __m512 dw16 = _mm512_castps128_ps512(dw);
+    const __m512 sc[2] = {_mm512_permutexvar_ps(idx0, dw16), _mm512_permutexvar_ps(idx1, dw16)};
+    __m512i u[2];
     for (int p = 0; p < 2; ++p) {
       const uint8_t* r0 = row[2 * p] + off + 2;
       const uint8_t* r1 = row[2 * p + 1] + off + 2;
-      __m512i u;
       if constexpr (Q4) {
         const __m256i v = _mm256_inserti128_si256(
             _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0))),
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1)), 1);
-        u = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
-        u = _mm512_and_si512(u, m4);
+        u[p] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), m4);
       } else {
-        u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0))),
-                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1)), 1);
-        u = _mm512_xor_si512(u, flip);
+        u[p] = _mm512_xor_si512(
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0))),
+                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1)), 1),
+            flip);
       }
-      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x);
-      const __m512 sc = _mm512_permutexvar_ps(p ? idx1 : idx0, s16);
-      acc[p] = _mm512_fmadd_ps(gv_cvt(dot), sc, acc[p]);
+    }
+    for (int t = 0; t < MR; ++t) {
+      const int64_t ab = (m0 + t) * nb + b;
+      const int8_t* xt = xb + (m0 + t) * xs;
+      __m512i x;
+      if constexpr (Q4) x = _mm512_loadu_si512(xt + b * 64);
+      else x = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt + b * 32)));
+      zacc[t] = _mm_fmadd_ps(dw, _mm_set1_ps(a.s[ab]), zacc[t]);
+      const __m512 dx = _mm512_set1_ps(a.d[ab]);
+      for (int p = 0; p < 2; ++p) {
+        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[p], x);
+        acc[t][p] = _mm512_fmadd_ps(_mm512_mul_ps(gv_cvt(dot), sc[p]), dx, acc[t][p]);
+      }
     }
   }
-  alignas(64) float f[2][16];
-  _mm512_store_ps(f[0], acc[0]);
-  _mm512_store_ps(f[1], acc[1]);
-  alignas(16) float z[4];
-  _mm_store_ps(z, zacc);
-  for (int r = 0; r < nr; ++r) {
-    const float* l = f[r / 2];
-    const int h = r % 2;
-    float s = 0.0f;
-    if constexpr (Q4) {
-      for (int k = 0; k < 4; ++k) s += l[4 * h + k] + l[8 + 4 * h + k];
-    } else {
-      for (int k = 0; k < 8; ++k) s += l[8 * h + k];
+  for (int t = 0; t < MR; ++t) {
+    alignas(64) float f[2][16];
+    _mm512_store_ps(f[0], acc[t][0]);
+    _mm512_store_ps(f[1], acc[t][1]);
+    alignas(16) float z[4];
+    _mm_store_ps(z, zacc[t]);
+    for (int r = 0; r < nr; ++r) {
+      const float* l = f[r / 2];
+      const int h = r % 2;
+      float s = 0.0f;
+      if constexpr (Q4) {
+        for (int k = 0; k < 4; ++k) s += l[4 * h + k] + l[8 + 4 * h + k];
+      } else {
+        for (int k = 0; k < 8; ++k) s += l[8 * h + k];
+      }
+      s -= kZero * z[r];
+      y[(m0 + t) * N + n0 + r] = bias ? s + bias[n0 + r] : s;
     }
-    s -= kZero * z[r];
-    y[n0 + r] = bias ? s + bias[n0 + r] : s;
   }
 }
 
-// y[N] = x[K] . w^T (+ bias), w Q8_0 (q4 = false) or Q4_0 (q4 = true), one token.
-inline void gemv(const float* x, const uint8_t* w, bool q4, const float* bias, float* y, int64_t N, int64_t K) {
-  const QAct a = quantize_act(x, 1, K, /*avx2=*/true);
+// Tokens [0, M) over one 4-row group: tiles of up to 6 tokens, the rows' blocks from L1 after
+// the first tile.
+template <bool Q4>
+inline void gv_group(const QAct& a, int64_t M, const int8_t* xb, int64_t xs, const uint8_t* w, size_t rb, int64_t n0,
+                     int nr, const float* bias, float* y, int64_t N, const uint8_t* pf) {
+  int64_t m = 0;
+  for (; m + 6 <= M; m += 6) gv_tile<Q4, 6>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, m == 0 ? pf : nullptr);
+  const uint8_t* p = m == 0 ? pf : nullptr;
+  switch (M - m) {
+    case 5: gv_tile<Q4, 5>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
+    case 4: gv_tile<Q4, 4>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
+    case 3: gv_tile<Q4, 3>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
+    case 2: gv_tile<Q4, 2>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
+    case 1: gv_tile<Q4, 1>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
+    default: break;
+  }
+}
+
+// y[M, N] = x[M, K] . w^T (+ bias), w Q8_0 (q4 = false) or Q4_0 (q4 = true), a few tokens (decode,
+// verification passes): one pass over the weights for all M tokens.
+inline void gemv(const float* x, const uint8_t* w, bool q4, const float* bias, float* y, int64_t M, int64_t N,
+                 int64_t K) {
+  const QAct a = quantize_act(x, M, K, /*avx2=*/true);
   const int64_t nb = a.nb;
   const size_t rb = size_t(nb) * (q4 ? 18 : 34);
   thread_local std::vector<int8_t> lay;
   const int8_t* xb = a.q;
+  int64_t xs = K;
   if (q4) {
-    if (int64_t(lay.size()) < 64 * nb) lay.resize(size_t(64 * nb));
-    for (int64_t b = 0; b < nb; ++b) {
-      int8_t* o = lay.data() + 64 * b;
-      const int8_t* q = a.q + 32 * b;
-      std::memcpy(o, q, 16), std::memcpy(o + 16, q, 16), std::memcpy(o + 32, q + 16, 16), std::memcpy(o + 48, q + 16, 16);
-    }
+    if (int64_t(lay.size()) < 64 * nb * M) lay.resize(size_t(64 * nb * M));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t b = 0; b < nb; ++b) {
+        int8_t* o = lay.data() + 64 * (m * nb + b);
+        const int8_t* q = a.q + m * K + 32 * b;
+        std::memcpy(o, q, 16), std::memcpy(o + 16, q, 16), std::memcpy(o + 32, q + 16, 16), std::memcpy(o + 48, q + 16, 16);
+      }
     xb = lay.data();
+    xs = 64 * nb;
   }
   // Boundaries on 16 rows keep threads off each other's cache lines (as the AVX2 GEMV).
-  parallel_for(N, 16, int64_t(rb) * N >= (int64_t(1) << 15) ? 32 : INT64_MAX, [&](int64_t nbeg, int64_t nend) {
+  parallel_for(N, 16, int64_t(rb) * N * M >= (int64_t(1) << 15) ? 32 : INT64_MAX, [&](int64_t nbeg, int64_t nend) {
     for (int64_t n = nbeg; n < nend; n += 4) {
       const int nr = int(std::min<int64_t>(4, nend - n));
       const uint8_t* pf = n + 8 <= N ? w + size_t(n + 4) * rb : nullptr;
-      if (q4) gv_rows<true>(a, xb, w, rb, n, nr, bias, y, pf);
-      else gv_rows<false>(a, xb, w, rb, n, nr, bias, y, pf);
+      if (q4) gv_group<true>(a, M, xb, xs, w, rb, n, nr, bias, y, N, pf);
+      else gv_group<false>(a, M, xb, xs, w, rb, n, nr, bias, y, N, pf);
     }
   });
 }
