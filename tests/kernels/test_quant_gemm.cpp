@@ -97,30 +97,47 @@ struct Shape {
 const Shape kShapes[] = {{1, 8, 256}, {3, 5, 256}, {7, 9, 512}, {16, 16, 256}, {23, 17, 768},
                          {25, 31, 512}, {48, 40, 256}, {70, 13, 1024}};
 
-void check_kernel(Kernel fast, const char* name) {
+// One case of the shape sweep: random blocks, activations (with an all-zero row from M = 3 on
+// when zero_row), bias values; the same seeds for every kernel checked.
+struct Case {
+  WType wt;
+  int64_t M, N, K;
+  bool with_bias;
+  std::vector<uint8_t> w;
+  std::vector<float> x, bias;
+  const float* b() const { return with_bias ? bias.data() : nullptr; }
+};
+
+template <typename F>
+void for_each_case(bool zero_row, F&& f) {
   for (WType wt : kTypes)
     for (const Shape& s : kShapes)
       for (bool with_bias : {false, true}) {
         const int64_t be = wtype_block_elems(wt), K = (s.K + be - 1) / be * be, M = s.M, N = s.N;
         const uint64_t seed = uint64_t(int(wt)) * 1000 + uint64_t(M * 31 + N * 7 + K);
-        const std::vector<uint8_t> w = random_blocks(wt, N, K, seed);
-        std::vector<float> x = randv(size_t(M * K), seed + 1, 1.0f);
-        if (M > 2) std::fill(x.begin() + K, x.begin() + 2 * K, 0.0f);  // an all-zero row
-        const std::vector<float> bias = randv(size_t(N), seed + 2, 0.1f);
-        const float* b = with_bias ? bias.data() : nullptr;
-        std::vector<float> ref(size_t(M * N)), got(size_t(M * N), -1.0f);
-        cpu::matmul_q_int_ref(x.data(), w.data(), wt, b, ref.data(), M, N, K);
-        fast(x.data(), w.data(), wt, b, got.data(), M, N, K);
-        const std::vector<double> mag = magnitudes(x, w, wt, M, N, K);
-        int bad = 0;
-        for (size_t i = 0; i < ref.size(); ++i) {
-          const double tol = 2e-5 * mag[i] + 1e-6;
-          if (!(std::fabs(double(got[i]) - ref[i]) <= tol) && bad++ < 3)
-            ADD_FAILURE() << name << " " << wtype_name(wt) << " M=" << M << " N=" << N << " K=" << K
-                          << " bias=" << with_bias << " out " << i << ": got " << got[i] << " want " << ref[i]
-                          << " (tol " << tol << ")";
-        }
+        Case c{wt, M, N, K, with_bias, random_blocks(wt, N, K, seed), randv(size_t(M * K), seed + 1, 1.0f),
+               randv(size_t(N), seed + 2, 0.1f)};
+        if (zero_row && M > 2) std::fill(c.x.begin() + K, c.x.begin() + 2 * K, 0.0f);
+        f(c);
       }
+}
+
+void check_kernel(Kernel fast, const char* name) {
+  for_each_case(/*zero_row=*/true, [&](const Case& c) {
+    const int64_t M = c.M, N = c.N, K = c.K;
+    std::vector<float> ref(size_t(M * N)), got(size_t(M * N), -1.0f);
+    cpu::matmul_q_int_ref(c.x.data(), c.w.data(), c.wt, c.b(), ref.data(), M, N, K);
+    fast(c.x.data(), c.w.data(), c.wt, c.b(), got.data(), M, N, K);
+    const std::vector<double> mag = magnitudes(c.x, c.w, c.wt, M, N, K);
+    int bad = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double tol = 2e-5 * mag[i] + 1e-6;
+      if (!(std::fabs(double(got[i]) - ref[i]) <= tol) && bad++ < 3)
+        ADD_FAILURE() << name << " " << wtype_name(c.wt) << " M=" << M << " N=" << N << " K=" << K
+                      << " bias=" << c.with_bias << " out " << i << ": got " << got[i] << " want " << ref[i]
+                      << " (tol " << tol << ")";
+    }
+  });
 }
 
 // The AMX-BF16 quantized prefill (matmul_qbf16_impl.h) computes with bf16-rounded activations and
@@ -128,35 +145,29 @@ void check_kernel(Kernel fast, const char* name) {
 // difference left is the f32 accumulation in the tiles: 1e-4 * sum_k |x w| (+ 1e-6). A layout or
 // tail error is off by whole products, far outside it.
 void check_bf16_kernel(Kernel fast, const char* name) {
-  for (WType wt : kTypes)
-    for (const Shape& s : kShapes)
-      for (bool with_bias : {false, true}) {
-        const int64_t be = wtype_block_elems(wt), K = (s.K + be - 1) / be * be, M = s.M, N = s.N;
-        const uint64_t seed = uint64_t(int(wt)) * 1000 + uint64_t(M * 31 + N * 7 + K);
-        const std::vector<uint8_t> w = random_blocks(wt, N, K, seed);
-        std::vector<float> x = randv(size_t(M * K), seed + 1, 1.0f);
-        const std::vector<float> bias = randv(size_t(N), seed + 2, 0.1f);
-        std::vector<float> wf(size_t(N * K));
-        const size_t rb = size_t(wtype_row_bytes(wt, K));
-        for (int64_t n = 0; n < N; ++n) to_f32(w.data() + n * rb, wt, wf.data() + n * K, K);
-        auto r16 = [](float v) { return bf16_to_f32(f32_to_bf16(v)); };
-        std::vector<float> got(size_t(M * N), -1.0f);
-        fast(x.data(), w.data(), wt, with_bias ? bias.data() : nullptr, got.data(), M, N, K);
-        int bad = 0;
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t n = 0; n < N; ++n) {
-            double ref = with_bias ? bias[size_t(n)] : 0.0, mag = 0.0;
-            for (int64_t k = 0; k < K; ++k) {
-              const double p = double(r16(x[size_t(m * K + k)])) * r16(wf[size_t(n * K + k)]);
-              ref += p, mag += std::fabs(p);
-            }
-            const double g = got[size_t(m * N + n)], tol = 1e-4 * mag + 1e-6;
-            if (!(std::fabs(g - ref) <= tol) && bad++ < 3)
-              ADD_FAILURE() << name << " " << wtype_name(wt) << " M=" << M << " N=" << N << " K=" << K
-                            << " bias=" << with_bias << " out " << m << "," << n << ": got " << g << " want " << ref
-                            << " (tol " << tol << ")";
-          }
+  for_each_case(/*zero_row=*/false, [&](const Case& c) {
+    const int64_t M = c.M, N = c.N, K = c.K;
+    std::vector<float> wf(size_t(N * K));
+    const size_t rb = size_t(wtype_row_bytes(c.wt, K));
+    for (int64_t n = 0; n < N; ++n) to_f32(c.w.data() + n * rb, c.wt, wf.data() + n * K, K);
+    auto r16 = [](float v) { return bf16_to_f32(f32_to_bf16(v)); };
+    std::vector<float> got(size_t(M * N), -1.0f);
+    fast(c.x.data(), c.w.data(), c.wt, c.b(), got.data(), M, N, K);
+    int bad = 0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double ref = c.with_bias ? c.bias[size_t(n)] : 0.0, mag = 0.0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double p = double(r16(c.x[size_t(m * K + k)])) * r16(wf[size_t(n * K + k)]);
+          ref += p, mag += std::fabs(p);
+        }
+        const double g = got[size_t(m * N + n)], tol = 1e-4 * mag + 1e-6;
+        if (!(std::fabs(g - ref) <= tol) && bad++ < 3)
+          ADD_FAILURE() << name << " " << wtype_name(c.wt) << " M=" << M << " N=" << N << " K=" << K
+                        << " bias=" << c.with_bias << " out " << m << "," << n << ": got " << g << " want " << ref
+                        << " (tol " << tol << ")";
       }
+  });
 }
 
 // The 512-bit VNNI decode GEMV (gemv_q_avx512_impl.h: Q8_0, Q4_0, 1..15 tokens) against the

@@ -41,14 +41,6 @@ inline uint16_t gv_u16(const uint8_t* p) {
   return v;
 }
 
-inline float gv_hsum(__m512 v) {
-  alignas(64) float f[16];
-  _mm512_store_ps(f, v);
-  float s = 0.0f;
-  for (int k = 0; k < 16; ++k) s += f[k];
-  return s;
-}
-
 // Lanes of the row pair (r, r + 1) for a 4-lane scale vector [s0 s1 s2 s3] broadcast to 16:
 // Q8_0 layout: dwords 0..7 row r, 8..15 row r + 1.
 // Q4_0 layout: dwords 0..3 row r (lo), 4..7 row r + 1 (lo), 8..11 row r (hi), 12..15 row r + 1 (hi).

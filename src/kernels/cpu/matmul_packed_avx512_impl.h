@@ -248,6 +248,25 @@ inline void bf16_tile(const uint16_t* xb, int64_t Kp, int64_t n_pairs, const uin
   }
 }
 
+// Tokens [m0, m1) x the 32 rows of panels p0, p1 (y, bias at the pair's first row; nv0, nv1 rows
+// of each panel stored), over the k pairs [0, n_pairs), in 12/8/4/2/1-token tiles.
+inline void bf16_item(const ActBf16& a, int64_t m0, int64_t m1, int64_t n_pairs, const uint8_t* p0,
+                      const uint8_t* p1, float* y, int64_t N, const float* bias, int64_t nv0, int64_t nv1) {
+  for (int64_t m = m0; m < m1;) {
+    const int mr = next_tile(m1 - m);
+    const uint16_t* xm = a.data + m * a.Kp;
+    float* ym = y + m * N;
+    switch (mr) {
+      case 12: bf16_tile<12>(xm, a.Kp, n_pairs, p0, p1, ym, N, bias, nv0, nv1); break;
+      case 8: bf16_tile<8>(xm, a.Kp, n_pairs, p0, p1, ym, N, bias, nv0, nv1); break;
+      case 4: bf16_tile<4>(xm, a.Kp, n_pairs, p0, p1, ym, N, bias, nv0, nv1); break;
+      case 2: bf16_tile<2>(xm, a.Kp, n_pairs, p0, p1, ym, N, bias, nv0, nv1); break;
+      default: bf16_tile<1>(xm, a.Kp, n_pairs, p0, p1, ym, N, bias, nv0, nv1); break;
+    }
+    m += mr;
+  }
+}
+
 inline void run_bf16(const float* x, const PackedWeight& pw, const float* bias, float* y,
                      int64_t M) {
   if (pw.layout() != PackLayout::Bf16Pairs)
@@ -266,21 +285,8 @@ inline void run_bf16(const float* x, const PackedWeight& pw, const float* bias, 
     const int64_t n0 = pp * 32;
     const int64_t m0 = b * s.mb, m1 = std::min(M, m0 + s.mb);
     const uint8_t* p0 = w + 2 * pp * panel_bytes;
-    const float* bb = bias ? bias + n0 : nullptr;
-    const int64_t nv0 = std::min<int64_t>(16, N - n0), nv1 = std::min<int64_t>(16, N - n0 - 16);
-    for (int64_t m = m0; m < m1;) {
-      const int mr = next_tile(m1 - m);
-      const uint16_t* xm = a.data + m * a.Kp;
-      float* ym = y + m * N + n0;
-      switch (mr) {
-        case 12: bf16_tile<12>(xm, a.Kp, n_pairs, p0, p0 + panel_bytes, ym, N, bb, nv0, nv1); break;
-        case 8: bf16_tile<8>(xm, a.Kp, n_pairs, p0, p0 + panel_bytes, ym, N, bb, nv0, nv1); break;
-        case 4: bf16_tile<4>(xm, a.Kp, n_pairs, p0, p0 + panel_bytes, ym, N, bb, nv0, nv1); break;
-        case 2: bf16_tile<2>(xm, a.Kp, n_pairs, p0, p0 + panel_bytes, ym, N, bb, nv0, nv1); break;
-        default: bf16_tile<1>(xm, a.Kp, n_pairs, p0, p0 + panel_bytes, ym, N, bb, nv0, nv1); break;
-      }
-      m += mr;
-    }
+    bf16_item(a, m0, m1, n_pairs, p0, p0 + panel_bytes, y + n0, N, bias ? bias + n0 : nullptr,
+              std::min<int64_t>(16, N - n0), std::min<int64_t>(16, N - n0 - 16));
   });
 }
 

@@ -15,7 +15,7 @@
 // (max |x| / 254 per element).
 //
 // The same scheme without AMX (QuantGemm::Avx512Bf16, matmul_qbf16_avx512bf16.cpp): the panels as
-// above, then the vdpbf16ps tiles of the packed bf16 GEMM (bf16_tile, 12 tokens x 32 rows).
+// above, then the vdpbf16ps tiles of the packed bf16 GEMM (bf16_item, 12 tokens x 32 rows).
 //
 // Before including: matmul_packed_avx512_impl.h with KVB_MM_AMX or KVB_MM_BF16 (its namespace KVB_MM512_NS),
 // and KVB_QBF16_PORTABLE where the bf16 rounding and the transpose must avoid vcvtneps2bf16 and
@@ -108,21 +108,7 @@ inline void matmul_qbf16(const float* x, const void* wv, WType wt, const float* 
     amx_item(a, m0, m1, M, buf, buf + panel_bytes, y + n0, N, bb, nv0, nv1);
     _tile_release();
 #else
-    const uint8_t* p1 = buf + panel_bytes;
-    const int64_t n_pairs = (K + 1) / 2;
-    for (int64_t m = m0; m < m1;) {
-      const int mr = next_tile(m1 - m);
-      const uint16_t* xm = a.data + m * a.Kp;
-      float* ym = y + m * N + n0;
-      switch (mr) {
-        case 12: bf16_tile<12>(xm, a.Kp, n_pairs, buf, p1, ym, N, bb, nv0, nv1); break;
-        case 8: bf16_tile<8>(xm, a.Kp, n_pairs, buf, p1, ym, N, bb, nv0, nv1); break;
-        case 4: bf16_tile<4>(xm, a.Kp, n_pairs, buf, p1, ym, N, bb, nv0, nv1); break;
-        case 2: bf16_tile<2>(xm, a.Kp, n_pairs, buf, p1, ym, N, bb, nv0, nv1); break;
-        default: bf16_tile<1>(xm, a.Kp, n_pairs, buf, p1, ym, N, bb, nv0, nv1); break;
-      }
-      m += mr;
-    }
+    bf16_item(a, m0, m1, (K + 1) / 2, buf, buf + panel_bytes, y + n0, N, bb, nv0, nv1);
 #endif
   });
 }
