@@ -2,7 +2,7 @@
 """Re-ordered RAG time-to-first-token: `kvboost serve` (chunk reuse, --reuse auto by default)
 against llama.cpp's `llama-server` on the same GGUF file and the same text, in the same run.
 
-Documents are cut from real text (--corpus), wrapped in the Gemma chat turn, and cached in one
+Documents are cut from real text (--corpus), wrapped in a chat turn (--turn: Gemma's by default), and cached in one
 order (--docs per warm-up request, every document once); each measured prompt then asks about
 one of them with --docs documents drawn in another order. Each prompt goes to both servers (the
 order alternating per prompt), max_tokens 1 (or --max-tokens; by default kvboost's --guard-tokens), greedy; the time is the client-side wall time of
@@ -87,6 +87,12 @@ def main():
                     help="kvboost's reuse.guard_risk per request (default: the server's, ReusePolicy::guard_risk)")
     ap.add_argument("--guard-tokens", type=int, default=None,
                     help="kvboost's reuse.guard_tokens per request (default: the server's, ReusePolicy::guard_tokens)")
+    ap.add_argument("--turn", choices=["gemma", "chatml", "none"], default="gemma",
+                    help="the chat turn around the prompt: gemma (<start_of_turn>), chatml (Qwen's <|im_start|>) "
+                         "or none (plain text)")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="an extra argument for `kvboost serve` (repeat), e.g. --serve-arg=--chunk-store "
+                         "--serve-arg=DIR to start from the guard calibration DIR holds")
     ap.add_argument("--max-tokens", type=int, default=None,
                     help="tokens per request on both servers (default: kvboost's guard_tokens, at least 1): the time "
                          "is then to the first N tokens, which covers kvboost's held-back guard tokens honestly")
@@ -103,7 +109,9 @@ def main():
         at = (at + n) % len(words)
         return " ".join(out)
 
-    head, tail = "<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n"
+    head, tail = {"gemma": ("<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n"),
+                  "chatml": ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"),
+                  "none": ("", "\nAnswer:")}[a.turn]
     sys_text = head + "You answer questions about the documents below. Answer briefly.\n"
     docs = ["\n" + take(a.doc_words) for _ in range(a.pool)]
 
@@ -111,7 +119,7 @@ def main():
     kv_port = free_port()
     kv_log = open(os.path.join(a.log_dir, "rag_peer_kvboost.log"), "w")
     procs.append(subprocess.Popen([a.kvboost, "serve", "--model", a.gguf, "--port", str(kv_port), "--threads",
-                                   str(a.threads)], stdout=kv_log, stderr=subprocess.STDOUT))
+                                   str(a.threads)] + a.serve_arg, stdout=kv_log, stderr=subprocess.STDOUT))
     peer = a.llama_server != "none" and os.path.exists(a.llama_server)
     if a.llama_server != "none" and not peer:
         print(f"llama-server not found at {a.llama_server}: measuring kvboost alone (full prefill vs reuse)")

@@ -229,6 +229,7 @@ struct ModelArgs {
   std::string head_quant = "auto";
   std::string device = "cpu";
   bool no_pack = false;
+  std::string spec = "off";  // decode as llama-bench's tg does: one token per forward pass
 };
 
 // Matmul parameter counts of one forward token (weights read by decode).
@@ -285,6 +286,7 @@ GenerateOptions bench_options(int new_tokens, bool prefix_cache) {
 
 void run_model(const ModelArgs& a) {
   const kernels::Device device = parse_device_flag(a.device);
+  const SpecMode spec = parse_spec_mode(a.spec);
   const std::string dir = resolve_model_dir(a.model, true);
   const Roofline rl = measure_roofline(false, true);
   EngineOptions eo;
@@ -292,6 +294,10 @@ void run_model(const ModelArgs& a) {
   eo.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   eo.load.pack_weights = !a.no_pack;
   eo.load.device = device;
+  // The engine speculates greedy decodes by default (prompt lookup); a benchmark's repetitive
+  // output from random ids (or random weights) is then accepted in long runs, so tg would count
+  // several tokens per pass. Off unless --spec asks for it.
+  eo.spec.mode = spec;
   auto engine = load_engine(dir, false, eo);
   const Model& m = engine->model();
   const ModelConfig& c = m.config();
@@ -331,10 +337,13 @@ void run_model(const ModelArgs& a) {
     // token is recomputed) and decode decode_tokens tokens at context L .. L + decode_tokens.
     engine->generate_ids(prompt, bench_options(1, true));
     std::vector<double> tps;
+    std::string spec_line;
     for (int r = 0; r < a.runs; ++r) {
       const GenerateResult g = engine->generate_ids(prompt, bench_options(a.decode_tokens + 1, true));
       tps.push_back(g.decode_tok_per_s());
+      if (g.decode_passes > 0) spec_line = spec_summary(g);
     }
+    if (eo.spec.mode != SpecMode::kOff && !spec_line.empty()) std::printf("(speculative, last run: %s)\n", spec_line.c_str());
     const double t = median(tps);
     const double gbs = decode_bytes * t / 1e9;
     std::printf("| decode at context %d (tg%d) | %.2f | %.1f ms/token | %.0f%% (%.1f GB/s of weights) |\n",
@@ -499,6 +508,9 @@ CLI::App* add_bench(CLI::App& app) {
   model->add_option("--head-quant", ma->head_quant, kHeadQuantHelp)->capture_default_str();
   model->add_option("--device", ma->device, kDeviceHelp)->capture_default_str();
   model->add_flag("--no-pack", ma->no_pack, "Keep the matrices in the stored layout (LoadOptions::pack_weights off)");
+  model->add_option("--spec", ma->spec,
+                    "Speculative decoding in the decode rows: off (one token per pass, as llama-bench's tg), lookup, draft")
+      ->capture_default_str();
   model->callback([common, ma] {
     apply_common(common->threads, common->isa);
     run_model(*ma);

@@ -150,6 +150,25 @@ TEST(Cli, DeviceOption) {
   EXPECT_EQ(r.out.rfind("Once upon a time, there was a little girl named Lily.", 0), 0u) << r.out;
 }
 
+// bench model's decode rows are plain decodes (one token per pass, as llama-bench's tg), not the
+// engine's default prompt-lookup speculation, which accepts drafts of a benchmark's repetitive
+// output and so counted several tokens per pass (2026-12-04: a random-weight Q8_0 at "161% of
+// the read bandwidth"); --spec lookup measures the speculative decode and says so.
+TEST(Cli, BenchModelDecodesWithoutSpeculation) {
+  KVBOOST_REQUIRE_PATH(stories());
+  const std::string base = "bench model --model " + stories() + " --runs 1 --prefill 16 --decode-context 8 --decode-tokens 48 --no-reuse";
+  Proc r = run(base);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("| decode at context 8 (tg48) |"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("speculative"), std::string::npos) << r.out;
+  r = run(base + " --spec lookup");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("(speculative, last run: "), std::string::npos) << r.out;
+  r = run(base + " --spec sometimes");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("sometimes"), std::string::npos) << r.err;
+}
+
 TEST(Cli, DemoModelWorksOffline) {
   const std::string dir = kvboost::test::make_temp_dir("cli_demo");
   setenv("KVBOOST_DEMO_MODEL", (dir + "/demo").c_str(), 1);
