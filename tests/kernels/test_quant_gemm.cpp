@@ -314,7 +314,7 @@ TEST(QuantGemm, KernelPathSpellings) {
   const Case cases[] = {{"scalar", Isa::Scalar, QuantGemm::Scalar},     {"avx2", Isa::Avx2, QuantGemm::Avx2},
                         {"avxvnni", Isa::Avx2, QuantGemm::AvxVnni},     {"avx512", Isa::Avx512, QuantGemm::Avx512Vnni},
                         {"avx512vnni", Isa::Avx512, QuantGemm::Avx512Vnni},
-                        {"avx512bf16", Isa::Avx512Bf16, QuantGemm::Avx512Vnni},
+                        {"avx512bf16", Isa::Avx512Bf16, QuantGemm::Avx512Bf16},
                         {"amx", Isa::AmxBf16, QuantGemm::AmxBf16},      {"amxbf16", Isa::AmxBf16, QuantGemm::AmxBf16},
                         {"amxint8", Isa::AmxBf16, QuantGemm::AmxInt8},  {"amx-int8", Isa::AmxBf16, QuantGemm::AmxInt8}};
   for (const Case& c : cases) {
@@ -370,7 +370,19 @@ TEST(QuantGemm, DispatchAndEnvCap) {
   EXPECT_THROW(quant_gemm_path(), Error);
   ::unsetenv("KVBOOST_QUANT_GEMM");
   EXPECT_EQ(quant_gemm_path(), best);
-  EXPECT_NE(best, QuantGemm::Avx512Bf16);  // only ever by name
+  EXPECT_NE(best, QuantGemm::Avx512Bf16);  // the Avx512 level caps it out
+  {
+    // At the AVX512-BF16 level: the default on AMD CPUs with AVX512-BF16, elsewhere only by name.
+    IsaGuard g2;
+    set_active_isa(Isa::Avx512Bf16);
+    const QuantGemm dflt = quant_gemm_path();
+    const CpuFeatures& f = cpu_features();
+    if (active_isa() == Isa::Avx512Bf16) {
+      EXPECT_EQ(dflt == QuantGemm::Avx512Bf16, f.amd && f.avx512bf16) << quant_gemm_name(dflt);
+    } else {
+      EXPECT_NE(dflt, QuantGemm::Avx512Bf16);
+    }
+  }
   {
     IsaGuard g2;
     set_active_isa(Isa::Avx512Bf16);
@@ -397,3 +409,67 @@ TEST(QuantGemm, DispatchAndEnvCap) {
 }
 
 }  // namespace
+
+// A token's output should not depend on the other tokens of the call (batch invariance): the
+// engine splits prompts into steps (prefill_chunk), serves prefixes from the cache and batches
+// requests together, and an exact prefix hit should give the cold prefill's logits. Every
+// quantized path, for every type, against the rows of one 200-token call: sub-batches of 1..100
+// tokens at several offsets (across kQGemmMinM and the token tiles). The int8 paths (avx2 but
+// its Q8_0, avxvnni, avx512vnni, amxint8) quantize activations per token and block at every M,
+// so their rows agree up to f32 summation order (1e-5 of sum |x w|). The paths that round to bf16
+// from kQGemmMinM tokens (avx512bf16, amxbf16) or dequantize to f32 panels from kDequantMinM
+// (off, avx2's Q8_0) give another rounding to the same token in a small call: bounded here
+// (measured 2026-12-04: 1.2e-3 to 2.0e-3 of sum |x w|), and why an exact prefix-cache hit can
+// move a near-tie token on those paths (docs/chunk-reuse.md, "Batch invariance").
+TEST(QuantGemm, TokenRowsDoNotDependOnTheBatch) {
+  IsaGuard g;
+  if (active_isa() < Isa::Avx2) GTEST_SKIP() << "no AVX2";
+  const int64_t M = 200, N0 = 48, K0 = 512;
+  const std::pair<int64_t, int64_t> subs[] = {{0, 1}, {3, 2}, {5, 7}, {16, 15}, {16, 16}, {37, 97}, {100, 100}, {150, 50}};
+  for (const char* path : {"", "avx2", "avxvnni", "avx512vnni", "avx512bf16", "amxint8", "amxbf16", "off"}) {
+    if (*path) ::setenv("KVBOOST_QUANT_GEMM", path, 1);
+    const QuantGemm q = quant_gemm_path();
+    if (*path && std::string(quant_gemm_name(q)) != path && !(std::string(path) == "off" && q == QuantGemm::Scalar)) {
+      ::unsetenv("KVBOOST_QUANT_GEMM");
+      continue;  // this CPU lacks it
+    }
+    // Every type at one shape, then Gemma 3 270M's (hidden 640 = 20 blocks of 32: q/k/v/gate/up
+    // are 640 wide, o 1,024, down 2,048).
+    struct Shape {
+      WType wt;
+      int64_t N, K;
+    };
+    std::vector<Shape> shapes;
+    for (WType wt : kTypes) shapes.push_back({wt, N0, K0});
+    for (Shape sh : {Shape{WType::Q5_0, 1024, 640}, Shape{WType::Q8_0, 256, 640}, Shape{WType::Q4_K, 640, 1024},
+                     Shape{WType::Q6_K, 640, 2048}, Shape{WType::Q5_0, 2048, 640}})
+      shapes.push_back(sh);
+    for (const Shape& sh : shapes) {
+      const WType wt = sh.wt;
+      const int64_t N = sh.N, K = sh.K;
+      const std::vector<uint8_t> w = random_blocks(wt, N, K, 11);
+      const std::vector<float> x = randv(size_t(M * K), 12);
+      const std::vector<double> mag = magnitudes(x, w, wt, M, N, K);
+      std::vector<float> full(size_t(M * N));
+      matmul(x.data(), w.data(), wt, nullptr, full.data(), M, N, K);
+      double worst = 0;
+      int64_t worst_m = -1, worst_len = 0;
+      for (auto [m0, len] : subs) {
+        std::vector<float> y(size_t(len * N));
+        matmul(x.data() + m0 * K, w.data(), wt, nullptr, y.data(), len, N, K);
+        for (int64_t i = 0; i < len; ++i)
+          for (int64_t n = 0; n < N; ++n) {
+            const double e = std::fabs(double(y[size_t(i * N + n)]) - full[size_t((m0 + i) * N + n)]) /
+                             std::max(mag[size_t((m0 + i) * N + n)], 1e-30);
+            if (e > worst) worst = e, worst_m = m0 + i, worst_len = len;
+          }
+      }
+      const bool int8_path = (q == QuantGemm::Avx2 && wt != WType::Q8_0) || q == QuantGemm::AvxVnni ||
+                             q == QuantGemm::Avx512Vnni || q == QuantGemm::AmxInt8;
+      EXPECT_LT(worst, int8_path ? 1e-5 : 5e-3) << "path " << quant_gemm_name(q) << ", " << wtype_name(wt) << " " << N << "x" << K << ": token " << worst_m
+                             << " in a call of " << worst_len << " tokens differs from the same token in a call of "
+                             << M << " by " << worst << " of sum |x w|";
+    }
+    ::unsetenv("KVBOOST_QUANT_GEMM");
+  }
+}
