@@ -148,6 +148,11 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
       if (M < cpu::kQGemmMinM && (wt == WType::Q8_0 || wt == WType::Q4_0) && path >= QuantGemm::Avx512Vnni &&
           active_isa() >= Isa::Avx512 && cpu_features().avx512vnni)
         return cpu::gemv_q_avx512vnni(x, w, wt, bias, y, M, N, K);
+      // Those f32 panels from kQGemmMinM tokens on (not only from kDequantMinM), so that every
+      // quantized path changes kernel, and rounding, at the same call size: a prompt's tokens
+      // get bit-identical rows in any call of >= kQGemmMinM tokens (PrefillSplit.*).
+      if (M >= cpu::kQGemmMinM && wt == WType::Q8_0 && path == QuantGemm::Avx2)
+        return cpu::matmul_raw_tiles_avx2(x, w, wt, bias, y, M, N, K);
       if (M >= cpu::kQGemmMinM && !(wt == WType::Q8_0 && path == QuantGemm::Avx2)) {
         switch (path) {
           case QuantGemm::AmxBf16: return cpu::matmul_qbf16_amx(x, w, wt, bias, y, M, N, K);

@@ -103,14 +103,17 @@ TEST(PagedAttention, LogSumExpOutput) {
 // A query's output must not depend on the other queries of the call (the engine's prefill steps
 // and prefix-cache hits cut a prompt at any position): Gemma 3's shape (4 query heads on 1 kv
 // head of 256, sliding window 512), 1,200 positions in paged blocks of 16, all queries in one
-// call against steps of 97 / 128 / 257 / 300 tokens, on every ISA path; equal within 1e-5.
+// call against steps of 97 / 128 / 257 / 300 tokens, on every ISA path: bit-identical. (The
+// key tiles lie on one grid from key 0; when a sliding window started them at the unit's first
+// visible key, the last bits moved with the cut, and Gemma 3's int8 activation blocks turned
+// them into ~0.5 logits: PrefillSplit.*.)
 TEST(PagedAttention, QueriesDoNotDependOnTheStep) {
   const int64_t n = 1200, bs = 16, H = 4, KVH = 1, hd = 256;
   const int64_t n_blocks = n / bs;
   std::vector<int32_t> table(static_cast<size_t>(n_blocks));
   for (int64_t b = 0; b < n_blocks; ++b) table[size_t(b)] = int32_t((b * 37) % n_blocks);  // scattered blocks
   const std::vector<float> k = randv(size_t(n * KVH * hd), 21), v = randv(size_t(n * KVH * hd), 22);
-  const std::vector<float> q = randv(size_t(n * H * hd), 23, 2.0f);
+  const std::vector<float> q = randv(size_t(n * H * hd), 23, 8.0f);
   IsaGuard g;
   for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
     set_active_isa(isa);
@@ -129,7 +132,7 @@ TEST(PagedAttention, QueriesDoNotDependOnTheStep) {
         int64_t at = -1;
         for (size_t i = 0; i < out.size(); ++i)
           if (std::fabs(out[i] - full[i]) > worst) worst = std::fabs(out[i] - full[i]), at = int64_t(i) / (H * hd);
-        EXPECT_LT(worst, 1e-5f) << isa_name(isa) << ", window " << window << ", steps of " << step << ": position " << at;
+        EXPECT_EQ(worst, 0.0f) << isa_name(isa) << ", window " << window << ", steps of " << step << ": position " << at;
       }
     }
   }

@@ -417,8 +417,8 @@ TEST(QuantGemm, DispatchAndEnvCap) {
 // tokens at several offsets (across kQGemmMinM and the token tiles). The int8 paths (avx2 but
 // its Q8_0, avxvnni, avx512vnni, amxint8) quantize activations per token and block at every M,
 // so their rows agree up to f32 summation order (1e-5 of sum |x w|). The paths that round to bf16
-// from kQGemmMinM tokens (avx512bf16, amxbf16) or dequantize to f32 panels from kDequantMinM
-// (off, avx2's Q8_0) give another rounding to the same token in a small call: bounded here
+// (avx512bf16, amxbf16) or dequantize to f32 panels (avx2's Q8_0) from kQGemmMinM tokens, or
+// from kDequantMinM (off), give another rounding to the same token in a smaller call: bounded here
 // (measured 2026-12-04: 1.2e-3 to 2.0e-3 of sum |x w|), and why an exact prefix-cache hit can
 // move a near-tie token on those paths (docs/chunk-reuse.md, "Batch invariance").
 TEST(QuantGemm, TokenRowsDoNotDependOnTheBatch) {
@@ -441,7 +441,7 @@ TEST(QuantGemm, TokenRowsDoNotDependOnTheBatch) {
     };
     std::vector<Shape> shapes;
     for (WType wt : kTypes) shapes.push_back({wt, N0, K0});
-    for (Shape sh : {Shape{WType::Q5_0, 1024, 640}, Shape{WType::Q8_0, 256, 640}, Shape{WType::Q4_K, 640, 1024},
+    for (Shape sh : {Shape{WType::Q5_0, 1024, 640}, Shape{WType::Q5_0, 256, 640}, Shape{WType::Q8_0, 256, 640}, Shape{WType::Q4_K, 640, 1024},
                      Shape{WType::Q6_K, 640, 2048}, Shape{WType::Q5_0, 2048, 640}})
       shapes.push_back(sh);
     for (const Shape& sh : shapes) {
