@@ -24,6 +24,15 @@ namespace kvboost::tok {
 
 using json = nlohmann::json;
 
+// A token id field: an integer in [0, 2^31), else an Error naming what (a float such as 1e300
+// would otherwise be cast to int32_t: undefined behaviour; fuzz_tokenizer_json found it).
+inline int32_t json_id(const json& v, const std::string& what) {
+  if (!v.is_number_integer()) fail(what, ": token id ", v.dump(), " is not an integer");
+  const int64_t id = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX) ? -1 : v.get<int64_t>();
+  if (id < 0 || id > INT32_MAX) fail(what, ": token id ", v.dump(), " is out of range");
+  return int32_t(id);
+}
+
 // ---- UTF-8 (utf8.cpp) ----
 // Throws Error "invalid UTF-8 at byte N" (N relative to the start of `s`).
 void validate_utf8(std::string_view s);

@@ -9,7 +9,7 @@ std::vector<int32_t> template_ids(const json& special_tokens, const std::string&
   if (!special_tokens.contains(name))
     fail(where, ".special_tokens: no entry for '", name, "' used in the template");
   std::vector<int32_t> ids;
-  for (const json& id : special_tokens[name].at("ids")) ids.push_back(id.get<int32_t>());
+  for (const json& id : special_tokens[name].at("ids")) ids.push_back(json_id(id, where + ".special_tokens[\"" + name + "\"].ids"));
   return ids;
 }
 
@@ -41,8 +41,8 @@ PostProcessor make_post_processor(const json& j, const std::string& where) {
       return pp;
     }
     if (type == "BertProcessing" || type == "RobertaProcessing") {
-      pp.prefix = {j.at("cls").at(1).get<int32_t>()};
-      pp.suffix = {j.at("sep").at(1).get<int32_t>()};
+      pp.prefix = {json_id(j.at("cls").at(1), where + ".cls")};
+      pp.suffix = {json_id(j.at("sep").at(1), where + ".sep")};
       pp.first_special = pp.prefix.front();
       return pp;
     }

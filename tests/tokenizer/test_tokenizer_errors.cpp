@@ -80,3 +80,24 @@ TEST(TokenizerErrors, MinimalModelWorks) {
   Tokenizer p = Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]}})");
   EXPECT_EQ(p.encode("ab", false), (std::vector<int32_t>{2}));
 }
+
+// Token ids that are not int32 integers (a float such as 1e300 was cast to int32_t: undefined
+// behaviour, found by fuzz_tokenizer_json in CI 2026-12-04) are Errors naming the field.
+TEST(TokenizerErrors, NonIntegerTokenIdsAreNamed) {
+  const std::string model = R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []})";
+  std::string msg = error_of([&] {
+    Tokenizer::from_json(R"({"post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}},
+      {"Sequence": {"id": "A"}}], "special_tokens": {"<s>": {"ids": [1e300]}}}, )" + model + "}");
+  });
+  EXPECT_CONTAINS(msg, "special_tokens[\"<s>\"].ids");
+  EXPECT_CONTAINS(msg, "not an integer");
+  msg = error_of([&] {
+    Tokenizer::from_json(R"({"post_processor": {"type": "BertProcessing", "cls": ["[CLS]", 4294967296], "sep": ["[SEP]", 1]}, )" +
+                         model + "}");
+  });
+  EXPECT_CONTAINS(msg, ".cls");
+  EXPECT_CONTAINS(msg, "out of range");
+  msg = error_of([&] { Tokenizer::from_json(R"({"added_tokens": [{"id": -1e300, "content": "x"}], )" + model + "}"); });
+  EXPECT_CONTAINS(msg, "added_tokens[0]");
+  EXPECT_CONTAINS(msg, "not an integer");
+}
