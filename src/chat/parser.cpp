@@ -304,7 +304,12 @@ struct Parser {
         if (cur().type == Tok::Int) {  // foo.0 is foo[0]
           n->kind = Expr::Kind::GetItem;
           auto idx = node(Expr::Kind::Literal, pos);
-          idx->literal = Value::integer(std::stoll(toks[p++].text));
+          const Token& it = toks[p++];
+          try {
+            idx->literal = Value::integer(std::stoll(it.text));
+          } catch (const std::exception&) {  // out_of_range: found by fuzz_chat_template
+            error(it.pos, "number out of range: " + it.text);
+          }
           n->b = std::move(idx);
         } else {
           n->name = expect_name();

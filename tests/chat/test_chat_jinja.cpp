@@ -161,6 +161,10 @@ TEST(ChatJinja, ErrorsNameTheTemplateLineAndColumn) {
   EXPECT_NE(E("{% include 'x' %}", &kind).find("unsupported statement 'include'"), std::string::npos);
   EXPECT_EQ(kind, ChatTemplateError::Kind::Unsupported);
   EXPECT_NE(E("{{ x is frob }}").find("unsupported test 'frob'"), std::string::npos);
+  // Out-of-range numbers are template errors, not an escaping std::out_of_range (foo.N: found by
+  // fuzz_chat_template in CI 2026-12-04; literals were already guarded).
+  EXPECT_NE(E("{{ x.99999999999999999999999 }}").find("number out of range: 99999999999999999999999"), std::string::npos);
+  EXPECT_NE(E("{{ 99999999999999999999999 }}").find("number out of range"), std::string::npos);
   EXPECT_NE(E("{{ 'a' + 1 }}", &kind).find("unsupported operand type(s) for +: 'str' and 'int'"), std::string::npos);
   EXPECT_EQ(kind, ChatTemplateError::Kind::Runtime);
   EXPECT_NE(E("\n{{ m.a.b }}", nullptr, {{"m", ordered_json::object()}}).find("line 2: 'dict object' has no attribute 'a'"), std::string::npos);
