@@ -83,7 +83,6 @@ struct CpuFeatures {
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512bf16 = false, avx512vnni = false;
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
   bool avxvnni = false;  // AVX-VNNI (VEX vpdpbusd), CPUID.(7,1):EAX[4]
-  bool amd = false;      // vendor "AuthenticAMD" (kernel choices measured per vendor: dispatch.cpp)
 };
 const CpuFeatures& cpu_features();
 Isa active_isa();           // the best ISA allowed by the hardware and KVBOOST_ISA

@@ -23,7 +23,6 @@ CpuFeatures detect() {
   CpuFeatures f;
   unsigned a, b, c, d;
   if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
-  f.amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "Auth" "enti" "cAMD"
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   bool osxsave = c & (1u << 27);
   bool fma = c & (1u << 12);

@@ -103,12 +103,12 @@ QuantGemm quant_gemm_path() {
   if (isa < Isa::Avx2) return QuantGemm::Scalar;
   const CpuFeatures& f = cpu_features();
   // What this CPU runs, within the active float level.
-  // Avx512Bf16 (vdpbf16ps over bf16-dequantized panels): the default on AMD CPUs with
-  // AVX512-BF16 (measured on Zen 5, 2026-12-04: pp512 Gemma 3 270M Q4_K_M 1.09x, q8_0 1.05x,
-  // q4_0 / q4_k_m level with AVX512-VNNI); elsewhere only when asked for by name (the Intel
-  // AVX512-BF16 host measured ran it at 0.4x AVX512-VNNI; docs/kernels-vnni.md).
+  // Avx512Bf16 (vdpbf16ps over bf16-dequantized panels) only when asked for by name: since the
+  // AVX512-VNNI kernel's 32-row tiles and vectorised packing it is 1.08-1.2x faster on Zen 5
+  // (pp512 2026-12-04: q8_0 1.13x, q4_0 1.19x, Gemma 3 270M Q4_K_M 1.08x) and the Intel
+  // AVX512-BF16 host ran the bf16 path at 0.4x (docs/kernels-vnni.md).
   bool have[7] = {true, true, f.avxvnni, isa >= Isa::Avx512 && f.avx512vnni && f.avx512bw && f.avx512vl,
-                  isa >= Isa::Avx512Bf16 && f.avx512bf16 && f.amd,
+                  false,
                   isa >= Isa::AmxBf16 && f.amx_tile && f.amx_int8 && f.avx512vnni,
                   isa >= Isa::AmxBf16};
   QuantGemm cap = kernel_path_quant_cap();

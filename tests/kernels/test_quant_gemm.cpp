@@ -372,16 +372,13 @@ TEST(QuantGemm, DispatchAndEnvCap) {
   EXPECT_EQ(quant_gemm_path(), best);
   EXPECT_NE(best, QuantGemm::Avx512Bf16);  // the Avx512 level caps it out
   {
-    // At the AVX512-BF16 level: the default on AMD CPUs with AVX512-BF16, elsewhere only by name.
+    // At the AVX512-BF16 level the bf16-panel path is never the default: only by name.
     IsaGuard g2;
     set_active_isa(Isa::Avx512Bf16);
     const QuantGemm dflt = quant_gemm_path();
+    EXPECT_NE(dflt, QuantGemm::Avx512Bf16) << quant_gemm_name(dflt);
     const CpuFeatures& f = cpu_features();
-    if (active_isa() == Isa::Avx512Bf16) {
-      EXPECT_EQ(dflt == QuantGemm::Avx512Bf16, f.amd && f.avx512bf16) << quant_gemm_name(dflt);
-    } else {
-      EXPECT_NE(dflt, QuantGemm::Avx512Bf16);
-    }
+    if (active_isa() == Isa::Avx512Bf16 && f.avx512vnni) EXPECT_EQ(dflt, QuantGemm::Avx512Vnni);
   }
   {
     IsaGuard g2;

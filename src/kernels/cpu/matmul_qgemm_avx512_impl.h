@@ -44,14 +44,17 @@ constexpr int kRows16 = 16;
 constexpr int64_t kBlk16 = 512 + 6 * 64;
 
 // Packs rows [n0, n0 + 16) of w into a panel whose block b starts at buf + b * stride (rows past
-// N are zeros: their results are never stored).
-inline void pack_panel16(const uint8_t* w, WType wt, int64_t N, int64_t K, int64_t n0, uint8_t* buf,
-                         int64_t stride) {
+// N are zeros: their results are never stored). One instance per type (decode_sub's switch folds
+// away); the C sums come from the transposed k-quads (one vpdpbusd by ones per quad), not bytes.
+template <WType WT>
+void pack_panel16_t(const uint8_t* w, int64_t N, int64_t K, int64_t n0, uint8_t* buf, int64_t stride) {
+  constexpr WType wt = WT;
   const int64_t be = wtype_block_elems(wt), bb = wtype_block_bytes(wt), nb = K / 32;
   const size_t rb = size_t(K / be * bb);
   const int subs = int(be / 32);
   const TypeInfo ti = type_info(wt);
   const float off = ti.bits == 8 ? 128.0f : 0.0f;
+  const __m256i ones = _mm256_set1_epi8(1);
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t* o = buf + b * stride;
     float* A = reinterpret_cast<float*>(o + 512);
@@ -63,25 +66,47 @@ inline void pack_panel16(const uint8_t* w, WType wt, int64_t N, int64_t K, int64
         const int r = 8 * h8 + i;
         if (n0 + r >= N) {
           v[i] = _mm256_setzero_si256();
-          A[r] = A[16 + r] = Z[r] = Z[16 + r] = C[r] = C[16 + r] = 0.0f;
+          A[r] = A[16 + r] = Z[r] = Z[16 + r] = 0.0f;
           continue;
         }
         Sub s;
         decode_sub(wt, w + size_t(n0 + r) * rb + size_t(b / subs) * size_t(bb), int(b % subs), s);
-        const __m256i u = off != 0.0f ? _mm256_xor_si256(s.u, _mm256_set1_epi8(char(0x80))) : s.u;
-        v[i] = u;
-        alignas(32) int8_t bytes[32];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), u);
-        int s0 = 0, s1 = 0;
-        for (int k = 0; k < 16; ++k) s0 += bytes[k], s1 += bytes[16 + k];
+        v[i] = off != 0.0f ? _mm256_xor_si256(s.u, _mm256_set1_epi8(char(0x80))) : s.u;
         A[r] = s.a[0], A[16 + r] = s.a[1];
         Z[r] = s.bz[0] + off * s.a[0], Z[16 + r] = s.bz[1] + off * s.a[1];
-        if (ti.halves) C[r] = -128.0f * float(s0), C[16 + r] = -128.0f * float(s1);
-        else C[r] = C[16 + r] = -128.0f * float(s0 + s1);
       }
       transpose8(v);  // v[g] = k-quad g of these 8 rows
-      for (int g = 0; g < 8; ++g) _mm256_store_si256(reinterpret_cast<__m256i*>(o + 64 * g + 32 * h8), v[g]);
+      __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+      for (int g = 0; g < 8; ++g) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 64 * g + 32 * h8), v[g]);
+        if (g < 4) s0 = KVB_QG_DPBUSD(s0, ones, v[g]);
+        else s1 = KVB_QG_DPBUSD(s1, ones, v[g]);
+      }
+      const __m256 m128 = _mm256_set1_ps(-128.0f);
+      if (ti.halves) {
+        _mm256_storeu_ps(C + 8 * h8, _mm256_mul_ps(_mm256_cvtepi32_ps(s0), m128));
+        _mm256_storeu_ps(C + 16 + 8 * h8, _mm256_mul_ps(_mm256_cvtepi32_ps(s1), m128));
+      } else {
+        const __m256 c = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), m128);
+        _mm256_storeu_ps(C + 8 * h8, c);
+        _mm256_storeu_ps(C + 16 + 8 * h8, c);
+      }
     }
+  }
+}
+
+inline void pack_panel16(const uint8_t* w, WType wt, int64_t N, int64_t K, int64_t n0, uint8_t* buf,
+                         int64_t stride) {
+  switch (wt) {
+    case WType::Q8_0: return pack_panel16_t<WType::Q8_0>(w, N, K, n0, buf, stride);
+    case WType::Q4_0: return pack_panel16_t<WType::Q4_0>(w, N, K, n0, buf, stride);
+    case WType::Q4_Z: return pack_panel16_t<WType::Q4_Z>(w, N, K, n0, buf, stride);
+    case WType::Q5_0: return pack_panel16_t<WType::Q5_0>(w, N, K, n0, buf, stride);
+    case WType::Q4_Z128: return pack_panel16_t<WType::Q4_Z128>(w, N, K, n0, buf, stride);
+    case WType::Q4_K: return pack_panel16_t<WType::Q4_K>(w, N, K, n0, buf, stride);
+    case WType::Q5_K: return pack_panel16_t<WType::Q5_K>(w, N, K, n0, buf, stride);
+    case WType::Q6_K: return pack_panel16_t<WType::Q6_K>(w, N, K, n0, buf, stride);
+    default: return;
   }
 }
 
@@ -198,6 +223,74 @@ inline void tiles16(const Act16& act, int64_t m_begin, int64_t m_end, const uint
     case 3: tile16<3, HALVES>(act, m, pb, y, N, n0, nv, bias); break;
     case 2: tile16<2, HALVES>(act, m, pb, y, N, n0, nv, bias); break;
     case 1: tile16<1, HALVES>(act, m, pb, y, N, n0, nv, bias); break;
+    default: break;
+  }
+}
+
+// y[m0 .. m0 + MR, n0 .. n0 + 32) from a pair of panels (block b of panel j at
+// pp + (2 b + j) * kBlk16, the AMX layout): each broadcast activation quad feeds both panels'
+// weight vectors, so a block reads half the activation bytes per row of the 16-row tile, and each
+// token has 2 (HALVES: 4) independent vpdpbusd chains.
+template <int MR, bool HALVES>
+inline void tile32(const Act16& act, int64_t m0, const uint8_t* pp, float* y, int64_t N, int64_t n0, int64_t nv0,
+                   int64_t nv1, const float* bias) {
+  constexpr int H = HALVES ? 2 : 1;
+  const QAct& a = act.a;
+  const int64_t K = a.K, nb = a.nb;
+  __m512 accf[2][MR];
+  for (int j = 0; j < 2; ++j)
+    for (int t = 0; t < MR; ++t) accf[j][t] = _mm512_setzero_ps();
+  const uint8_t* xr[MR];
+  for (int t = 0; t < MR; ++t) xr[t] = act.qu + (m0 + t) * K;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk[2] = {pp + 2 * b * kBlk16, pp + (2 * b + 1) * kBlk16};
+    __m512i s[2][H][MR];
+    for (int j = 0; j < 2; ++j)
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < MR; ++t) s[j][h][t] = _mm512_setzero_si512();
+    for (int g = 0; g < 8; ++g) {
+      const int h = HALVES ? g / 4 : 0;
+      const __m512i w0 = _mm512_load_si512(blk[0] + 64 * g);
+      const __m512i w1 = _mm512_load_si512(blk[1] + 64 * g);
+      for (int t = 0; t < MR; ++t) {
+        const __m512i x = _mm512_set1_epi32(int(load4u(xr[t] + b * 32 + 4 * g)));
+        s[0][h][t] = _mm512_dpbusd_epi32(s[0][h][t], x, w0);
+        s[1][h][t] = _mm512_dpbusd_epi32(s[1][h][t], x, w1);
+      }
+    }
+    for (int j = 0; j < 2; ++j)
+      for (int h = 0; h < H; ++h) {
+        const float* A = reinterpret_cast<const float*>(blk[j] + 512) + 16 * h;
+        const __m512 av = _mm512_load_ps(A), zv = _mm512_load_ps(A + 32), cv = _mm512_load_ps(A + 64);
+        for (int t = 0; t < MR; ++t) {
+          const int64_t ab = (m0 + t) * nb + b;
+          const float zs = HALVES ? act.sh[(m0 + t) * 2 * nb + 2 * b + h] : a.s[ab];
+          accf[j][t] = _mm512_fmadd_ps(_mm512_add_ps(cvt16(s[j][h][t]), cv), _mm512_mul_ps(av, _mm512_set1_ps(a.d[ab])),
+                                       accf[j][t]);
+          accf[j][t] = _mm512_fmadd_ps(zv, _mm512_set1_ps(zs), accf[j][t]);
+        }
+      }
+  }
+  for (int j = 0; j < 2; ++j) {
+    const int64_t nv = j ? nv1 : nv0;
+    if (nv <= 0) break;
+    const __m512 bv = bias ? load_n(bias + n0 + 16 * j, nv) : _mm512_setzero_ps();
+    for (int t = 0; t < MR; ++t) store_n(y + (m0 + t) * N + n0 + 16 * j, _mm512_add_ps(accf[j][t], bv), nv);
+  }
+}
+
+template <bool HALVES>
+inline void tiles32(const Act16& act, int64_t m_begin, int64_t m_end, const uint8_t* pp, float* y, int64_t N,
+                    int64_t n0, int64_t nv0, int64_t nv1, const float* bias) {
+  constexpr int MR = HALVES ? 4 : 6;
+  int64_t m = m_begin;
+  for (; m + MR <= m_end; m += MR) tile32<MR, HALVES>(act, m, pp, y, N, n0, nv0, nv1, bias);
+  switch (m_end - m) {
+    case 5: if constexpr (MR > 5) tile32<5, HALVES>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
+    case 4: if constexpr (MR > 4) tile32<4, HALVES>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
+    case 3: tile32<3, HALVES>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
+    case 2: tile32<2, HALVES>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
+    case 1: tile32<1, HALVES>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
     default: break;
   }
 }
@@ -339,16 +432,16 @@ inline void matmul16(const float* x, const void* wv, WType wt, const float* bias
   });
   act.qu = qu;
   act.sh = halves ? sh : nullptr;
-  const int64_t rows = kAmx ? 2 * kRows16 : kRows16;
+  const int64_t rows = 2 * kRows16;
   const int64_t n_panels = (N + rows - 1) / rows;
   const int nt = num_threads();
-  const int64_t kMB = kAmx ? 32 : 48;  // token blocks in multiples of the tile heights
+  const int64_t kMB = kAmx ? 32 : 48;  // token blocks in multiples of the tile heights (AMX 32; VNNI 6 and 4)
   const int64_t m_units = (M + kMB - 1) / kMB;
   const int64_t want_blocks = std::min<int64_t>(m_units, (4 * nt + n_panels - 1) / n_panels);
   const int64_t mb = (m_units + want_blocks - 1) / want_blocks * kMB;
   const int64_t n_mb = (M + mb - 1) / mb;
   const int64_t n_items = n_panels * n_mb;
-  const size_t buf_bytes = size_t(nb * kBlk16 * (kAmx ? 2 : 1));
+  const size_t buf_bytes = size_t(nb * kBlk16 * 2);
   const bool parallel = n_items > 1 && M * N * K >= (int64_t(1) << 17);
   static std::atomic<uint64_t> next_call{1};
   const uint64_t call = next_call.fetch_add(1, std::memory_order_relaxed);
@@ -361,12 +454,8 @@ inline void matmul16(const float* x, const void* wv, WType wt, const float* bias
     const int64_t p = item / n_mb, bm = item % n_mb;
     const int64_t n0 = p * rows;
     if (packed_call != call || packed_panel != p) {
-      if (kAmx) {
-        pack_panel16(w, wt, N, K, n0, buf, 2 * kBlk16);
-        pack_panel16(w, wt, N, K, n0 + kRows16, buf + kBlk16, 2 * kBlk16);
-      } else {
-        pack_panel16(w, wt, N, K, n0, buf, kBlk16);
-      }
+      pack_panel16(w, wt, N, K, n0, buf, 2 * kBlk16);
+      pack_panel16(w, wt, N, K, n0 + kRows16, buf + kBlk16, 2 * kBlk16);
     }
     packed_call = call;
     packed_panel = p;
@@ -380,9 +469,9 @@ inline void matmul16(const float* x, const void* wv, WType wt, const float* bias
       return;
     }
 #endif
-    const int64_t nv = std::min<int64_t>(kRows16, N - n0);
-    if (halves) tiles16<true>(act, m0, m1, buf, y, N, n0, nv, bias);
-    else tiles16<false>(act, m0, m1, buf, y, N, n0, nv, bias);
+    const int64_t nv0 = std::min<int64_t>(kRows16, N - n0), nv1 = std::min<int64_t>(kRows16, N - n0 - kRows16);
+    if (halves) tiles32<true>(act, m0, m1, buf, y, N, n0, nv0, nv1, bias);
+    else tiles32<false>(act, m0, m1, buf, y, N, n0, nv0, nv1, bias);
   });
 }
 
