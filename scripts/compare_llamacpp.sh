@@ -52,12 +52,12 @@
 #        .venv/bin/python tools/oracle/gguf_fixture.py model --src /tmp/q05f32 --tokenizer \
 #          --type $t --out /tmp/llamacpp/models/qwen2.5-0.5b-$t.gguf
 #      done
-#    (gguf_fixture.py's q4_k quantizer is a simple one, not llama.cpp's error-optimal search. Its
-#    tensor types differ from llama-quantize's where rows are not whole blocks: hidden 896 is not
-#    a multiple of 256, so its q4_k_m keeps token_embd and every q/k/v/o/gate/up matrix F16
-#    (llama-quantize: Q8_0 and Q5_0), and its q4_0 stores token_embd (the tied lm_head) Q4_0
-#    (llama-quantize: Q8_0). Both sides read the same file, but the q4_k_m row is mostly F16 and
-#    not comparable with published Q4_K_M numbers.)
+#    (gguf_fixture.py's q4_k quantizer is a simple one, not llama.cpp's error-optimal search. Hidden
+#    896 is not a multiple of 256, so as llama-quantize does its q4_k_m demotes the K-quants of
+#    those rows to 32-blocks: q/k/o/gate/up Q5_0, attn_v and the tied token_embd Q8_0, ffn_down
+#    (rows of 4864) Q6_K. Before 2026-12-04 it wrote F16 there and that row was mostly F16. Its
+#    q4_0 stores token_embd (the tied lm_head) Q4_0 (llama-quantize: Q8_0). Both sides read the
+#    same file.)
 # 3. scripts/compare_llamacpp.sh /tmp/llamacpp/build/bin/llama-bench /tmp/llamacpp/models
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -5,7 +5,8 @@
           Converts a safetensors model directory (as `kvboost-fixture --dtype f32` writes it) to
           GGUF the way llama.cpp's convert_hf_to_gguf.py does (tensor names, metadata, Q/K row
           permutation for `llama`), storing matrices as T: f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k
-          or q4_k_m (Q4_K with Q6_K for attn_v, ffn_down and output, like llama.cpp's Q4_K_M).
+          or q4_k_m (Q4_K with Q6_K for attn_v, ffn_down and output, like llama.cpp's Q4_K_M; rows
+          that are not whole 256-blocks fall back as llama.cpp's quantizer does: Q5_0 / Q8_0).
           --ref-out writes a copy of the model directory whose weights are the gguf package's
           dequantization of what was stored: the exact reference for the GGUF model's logits.
   tokenizer --src DIR --out FILE.gguf [--pre NAME] [--n-vocab N]
@@ -22,7 +23,7 @@
   suite   --fixture BIN --out DIR
           Everything tests/model/test_gguf.cpp needs, plus DIR/manifest.json describing it.
 
-The gguf package quantizes Q8_0/Q4_0 like ggml; it has no K-quant quantizer, so q4_k/q5_k/q6_k
+The gguf package quantizes Q8_0/Q4_0/Q5_0 like ggml; it has no K-quant quantizer, so q4_k/q5_k/q6_k
 use the simple (not error-optimal) one below, whose output the package's dequantizer reads back.
 Exit status 77 when numpy / gguf / safetensors are missing.
 """
@@ -114,7 +115,7 @@ def quantize(x, qt):
         return x.astype(np.float32), None
     if qt == QT.F16:
         return x.astype(np.float16), None
-    if qt in (QT.BF16, QT.Q8_0, QT.Q4_0):
+    if qt in (QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q5_0):
         return gguf.quants.quantize(x, qt), qt
     rows = x.reshape(-1, x.shape[-1])
     if qt == QT.Q6_K:
@@ -170,16 +171,23 @@ def gguf_name(hf):
     raise ValueError(f"no GGUF name for {hf}")
 
 
-def type_for(gname, shape, qtype_name):
+def type_for(gname, shape, qtype_name, tied=False):
     if len(shape) == 1:
         return QT.F32  # norms and biases stay F32, as llama.cpp keeps them
     if qtype_name == "q4_k_m":
-        qt = QT.Q6_K if gname.endswith(("attn_v.weight", "ffn_down.weight")) or gname == "output.weight" else QT.Q4_K
+        # the output projection (token_embd when the embeddings are tied) Q6_K, as llama-quantize does
+        head = gname == "output.weight" or (tied and gname == "token_embd.weight")
+        qt = QT.Q6_K if head or gname.endswith(("attn_v.weight", "ffn_down.weight")) else QT.Q4_K
     else:
         qt = TYPES[qtype_name]
-    block = gguf.GGML_QUANT_SIZES[qt][0]
-    if shape[-1] % block != 0:
-        qt = QT.F16  # llama.cpp's fallback for rows that are not whole blocks
+    # Rows that are not whole blocks: llama.cpp's tensor_type_fallback (llama-quant.cpp, as vendored
+    # by llama-cpp-python 0.3.36) demotes a 256-block K-quant to the 32-block type beside it
+    # (Q4_K -> Q5_0, Q6_K -> Q8_0; Q5_K -> Q5_1, which kvboost does not read: F16 here), and
+    # anything still not whole to F16.
+    if shape[-1] % gguf.GGML_QUANT_SIZES[qt][0] != 0:
+        qt = {QT.Q4_K: QT.Q5_0, QT.Q6_K: QT.Q8_0}.get(qt, QT.F16)
+        if shape[-1] % gguf.GGML_QUANT_SIZES[qt][0] != 0:
+            qt = QT.F16
     return qt
 
 
@@ -299,6 +307,7 @@ def convert_model(src, out, qtype_name, ref_out=None, tokenizer=False):
         if eos is not None:
             w.add_eos_token_id(eos)
     ref = {}
+    tied = not any(gguf_name(hf) == "output.weight" for hf in tensors)
     for hf, x in sorted(tensors.items()):
         g = gguf_name(hf)
         x = x.astype(np.float32)
@@ -306,7 +315,7 @@ def convert_model(src, out, qtype_name, ref_out=None, tokenizer=False):
         nh = n_head if "attn_q" in g else n_kv
         if perm:
             x = permute(x, nh)
-        qt = type_for(g, x.shape, qtype_name)
+        qt = type_for(g, x.shape, qtype_name, tied)
         stored, raw = quantize(x, qt)
         if raw is None:
             w.add_tensor(g, stored)
