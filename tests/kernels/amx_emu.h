@@ -1,7 +1,7 @@
 // A scalar emulator of the AMX intrinsics the AMX-BF16 GEMM uses (src/kernels/cpu/
 // matmul_packed_avx512_impl.h), so that the same kernel source runs on CPUs without AMX:
 // _tile_loadconfig, _tile_release, _tile_zero, _tile_loadd, _tile_stored, _tile_dpbf16ps, and
-// _tile_dpbusd for the AMX-INT8 quantized GEMM (matmul_qgemm_avx512_impl.h).
+// _tile_dpbusd / _tile_dpbsud for the AMX-INT8 quantized GEMM (matmul_qgemm_avx512_impl.h).
 // Semantics from the Intel SDM (LDTILECFG, TILELOADD, TILESTORED, TILEZERO, TDPBF16PS), per
 // thread as the tile state is:
 //   - LDTILECFG reads 64 bytes: palette_id (byte 0), start_row (1), bytes 2..15 reserved (0),
@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace kvboost::amx_emu {
 
@@ -137,27 +138,34 @@ inline void dpbf16ps(int dst, int a, int b) {
   }
 }
 
-inline void dpbusd(int dst, int a, int b) {
-  TileState& s = use(dst, "TDPBUSD: tiles not configured");
-  use(a, "TDPBUSD: tiles not configured");
-  use(b, "TDPBUSD: tiles not configured");
-  if (s.colsb[a] % 4 || s.colsb[b] % 4 || s.colsb[dst] % 4) fault("#UD", "TDPBUSD: colsb not a multiple of 4", dst);
-  if (s.colsb[a] / 4 != s.rows[b]) fault("#UD", "TDPBUSD: a.colsb / 4 != b.rows", a);
-  if (s.colsb[dst] != s.colsb[b]) fault("#UD", "TDPBUSD: dst.colsb != b.colsb", dst);
-  if (s.rows[dst] != s.rows[a]) fault("#UD", "TDPBUSD: dst.rows != a.rows", dst);
+// TDPBUSD (a unsigned, b signed) and TDPBSUD (a signed, b unsigned).
+template <bool A_SIGNED>
+inline void dpb_int8(int dst, int a, int b, const char* what) {
+  TileState& s = use(dst, what);
+  use(a, what);
+  use(b, what);
+  const std::string op = A_SIGNED ? "TDPBSUD" : "TDPBUSD";
+  if (s.colsb[a] % 4 || s.colsb[b] % 4 || s.colsb[dst] % 4) fault("#UD", (op + ": colsb not a multiple of 4").c_str(), dst);
+  if (s.colsb[a] / 4 != s.rows[b]) fault("#UD", (op + ": a.colsb / 4 != b.rows").c_str(), a);
+  if (s.colsb[dst] != s.colsb[b]) fault("#UD", (op + ": dst.colsb != b.colsb").c_str(), dst);
+  if (s.rows[dst] != s.rows[a]) fault("#UD", (op + ": dst.rows != a.rows").c_str(), dst);
   for (int m = 0; m < s.rows[dst]; ++m) {
     int32_t c[16];
     std::memcpy(c, s.data[dst][m], 64);
     for (int k = 0; k < s.colsb[a] / 4; ++k)
       for (int n = 0; n < s.colsb[dst] / 4; ++n) {
         int32_t sum = 0;
-        for (int i = 0; i < 4; ++i)
-          sum += int32_t(s.data[a][m][4 * k + i]) * int32_t(int8_t(s.data[b][k][4 * n + i]));
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t av = s.data[a][m][4 * k + i], bv = s.data[b][k][4 * n + i];
+          sum += A_SIGNED ? int32_t(int8_t(av)) * int32_t(bv) : int32_t(av) * int32_t(int8_t(bv));
+        }
         c[n] = int32_t(uint32_t(c[n]) + uint32_t(sum));
       }
     std::memcpy(s.data[dst][m], c, 64);
   }
 }
+inline void dpbusd(int dst, int a, int b) { dpb_int8<false>(dst, a, b, "TDPBUSD: tiles not configured"); }
+inline void dpbsud(int dst, int a, int b) { dpb_int8<true>(dst, a, b, "TDPBSUD: tiles not configured"); }
 
 }  // namespace kvboost::amx_emu
 
@@ -171,6 +179,7 @@ inline void dpbusd(int dst, int a, int b) {
 #undef _tile_stored
 #undef _tile_dpbf16ps
 #undef _tile_dpbusd
+#undef _tile_dpbsud
 #define _tile_loadconfig(mem) ::kvboost::amx_emu::loadconfig(mem)
 #define _tile_release() ::kvboost::amx_emu::release()
 #define _tile_zero(t) ::kvboost::amx_emu::zero(t)
@@ -178,3 +187,4 @@ inline void dpbusd(int dst, int a, int b) {
 #define _tile_stored(t, base, stride) ::kvboost::amx_emu::stored((t), (base), long(stride))
 #define _tile_dpbf16ps(dst, a, b) ::kvboost::amx_emu::dpbf16ps((dst), (a), (b))
 #define _tile_dpbusd(dst, a, b) ::kvboost::amx_emu::dpbusd((dst), (a), (b))
+#define _tile_dpbsud(dst, a, b) ::kvboost::amx_emu::dpbsud((dst), (a), (b))

@@ -12,24 +12,25 @@
 // and include <immintrin.h> (or SIMDe with native aliases, plus amx_emu.h).
 //
 // Scheme (the 8-row header matmul_qgemm_impl.h explains the block algebra; its decoders are
-// reused here). Both instructions multiply unsigned bytes by signed bytes, so here the
-// activations are the unsigned operand and the weights the signed one:
-//   qu = q + 128 (q: the int8 activation block, scale d_x, s = d_x * sum q)
-//   v  = u - off (u: the unsigned weight value of the 8-row header; off = 128 for Q8_0, else 0)
-// and for a block  sum_k u q = (sum_k qu v - 128 sum_k v) + off * sum_k q,  so
-//   y += A * d_x * (dot(qu, v) + C) + Z * s,   C = -128 * sum_k v,  Z = B + off * A
-// (Q6_K: per 16-element half, with the half sums s_h). The integer parts are exact (|values| <
+// reused here). vpdpbusd multiplies unsigned bytes by signed ones (AMX: tdpbsud, signed by
+// unsigned), so here the weights are the unsigned operand, exactly the 8-row header's u
+// (0..255 for Q8_0: the stored int8 + 128; 0..15 / 0..31 / 0..63 for the 4-, 5- and 6-bit types),
+// and the activations the signed one, the int8 block q itself (scale d_x, s = d_x * sum q).
+// A block's weight is A * u + B per element (Q8_0: A = d, B = -128 d), so
+//   y += A * d_x * dot(u, q) + B * s
+// (Q6_K: per 16-element half, with the half sums s_h). The integer dot is exact (|values| <
 // 2^24), so the only difference from the scalar reference is the order of the f32 operations.
 // Panel layout, per 32-element block of 16 weight rows (kBlk16 bytes, 64-byte aligned):
-//   v      8 k-quads x 64 bytes: k-quad g at 64 g, row r in bytes 4r .. 4r + 3 (the VNNI
+//   u      8 k-quads x 64 bytes: k-quad g at 64 g, row r in bytes 4r .. 4r + 3 (the VNNI
 //          operand, one zmm; also the AMX B tile of the block: 8 rows of 64 bytes, or 4 + 4 rows
 //          for Q6_K's halves)
-//   A[2][16], Z[2][16], C[2][16]  f32 per half (equal halves except Q6_K)
-// AVX512-VNNI: a tile is MR tokens x 16 rows; the weight vector is loaded once for MR tokens,
-// each token's 4 bytes broadcast to the 16 lanes. AMX: a work item is a pair of panels (32 rows;
-// the B tiles tmm6, tmm7) and 32 tokens at a time (the A tiles tmm4, tmm5: 16 rows of qu, K bytes
-// apart, padded with rows past M); one tdpbusd per block (two for Q6_K) into tmm0..3, stored and
-// scaled in f32 with AVX-512 (the per-block scales keep the sums from staying in the tiles).
+//   A[2][16], B[2][16]  f32 per half (equal halves except Q6_K)
+// Work items are pairs of panels (32 rows): block b of panel j at (2 b + j) * kBlk16.
+// AVX512-VNNI: a tile is MR tokens x 32 rows; each token's 4 bytes are broadcast to the 16 lanes
+// and feed both panels' weight vectors. AMX: 32 tokens at a time (the A tiles tmm4, tmm5: 16 rows
+// of q, K bytes apart, padded with zero rows past M), the pair's B tiles tmm6, tmm7; one tdpbsud
+// per block (two for Q6_K) into tmm0..3, stored and scaled in f32 with AVX-512 (the per-block
+// scales keep the sums from staying in the tiles).
 // (no include guard: each including file defines KVB_QG_NS and includes it once)
 
 #ifndef KVB_QG_DPBUSD
@@ -41,56 +42,40 @@
 namespace kvboost::kernels::cpu::KVB_QG_NS {
 
 constexpr int kRows16 = 16;
-constexpr int64_t kBlk16 = 512 + 6 * 64;
+constexpr int64_t kBlk16 = 512 + 4 * 64;
 
 // Packs rows [n0, n0 + 16) of w into a panel whose block b starts at buf + b * stride (rows past
-// N are zeros: their results are never stored). One instance per type (decode_sub's switch folds
-// away); the C sums come from the transposed k-quads (one vpdpbusd by ones per quad), not bytes.
+// N are zeros: their results are never stored). One instance per type: decode_sub's switch
+// folds away inside the block loop.
 template <WType WT>
 void pack_panel16_t(const uint8_t* w, int64_t N, int64_t K, int64_t n0, uint8_t* buf, int64_t stride) {
   constexpr WType wt = WT;
   const int64_t be = wtype_block_elems(wt), bb = wtype_block_bytes(wt), nb = K / 32;
   const size_t rb = size_t(K / be * bb);
   const int subs = int(be / 32);
-  const TypeInfo ti = type_info(wt);
-  const float off = ti.bits == 8 ? 128.0f : 0.0f;
-  const __m256i ones = _mm256_set1_epi8(1);
+  const float off = wt == WType::Q8_0 ? 128.0f : 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t* o = buf + b * stride;
     float* A = reinterpret_cast<float*>(o + 512);
-    float* Z = A + 32;
-    float* C = Z + 32;
+    float* B = A + 32;
     for (int h8 = 0; h8 < 2; ++h8) {
       __m256i v[8];
       for (int i = 0; i < 8; ++i) {
         const int r = 8 * h8 + i;
         if (n0 + r >= N) {
           v[i] = _mm256_setzero_si256();
-          A[r] = A[16 + r] = Z[r] = Z[16 + r] = 0.0f;
+          A[r] = A[16 + r] = B[r] = B[16 + r] = 0.0f;
           continue;
         }
         Sub s;
         decode_sub(wt, w + size_t(n0 + r) * rb + size_t(b / subs) * size_t(bb), int(b % subs), s);
-        v[i] = off != 0.0f ? _mm256_xor_si256(s.u, _mm256_set1_epi8(char(0x80))) : s.u;
+        v[i] = s.u;
         A[r] = s.a[0], A[16 + r] = s.a[1];
-        Z[r] = s.bz[0] + off * s.a[0], Z[16 + r] = s.bz[1] + off * s.a[1];
+        // Q8_0: B = -128 d, taken out of the integer dot instead (kEpiQ8): 0 here, exactly
+        B[r] = s.bz[0] + off * s.a[0], B[16 + r] = s.bz[1] + off * s.a[1];
       }
       transpose8(v);  // v[g] = k-quad g of these 8 rows
-      __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-      for (int g = 0; g < 8; ++g) {
-        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 64 * g + 32 * h8), v[g]);
-        if (g < 4) s0 = KVB_QG_DPBUSD(s0, ones, v[g]);
-        else s1 = KVB_QG_DPBUSD(s1, ones, v[g]);
-      }
-      const __m256 m128 = _mm256_set1_ps(-128.0f);
-      if (ti.halves) {
-        _mm256_storeu_ps(C + 8 * h8, _mm256_mul_ps(_mm256_cvtepi32_ps(s0), m128));
-        _mm256_storeu_ps(C + 16 + 8 * h8, _mm256_mul_ps(_mm256_cvtepi32_ps(s1), m128));
-      } else {
-        const __m256 c = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), m128);
-        _mm256_storeu_ps(C + 8 * h8, c);
-        _mm256_storeu_ps(C + 16 + 8 * h8, c);
-      }
+      for (int g = 0; g < 8; ++g) _mm256_store_si256(reinterpret_cast<__m256i*>(o + 64 * g + 32 * h8), v[g]);
     }
   }
 }
@@ -110,13 +95,27 @@ inline void pack_panel16(const uint8_t* w, WType wt, int64_t N, int64_t K, int64
   }
 }
 
-// Activations: QAct, qu = q + 128 (rows past M zero up to a multiple of 32 for the AMX tiles),
-// and for Q6_K the half-block sums sh[m][2b + h].
+// Activations: QAct (its int8 q is the signed operand; the AMX build copies it into rows padded
+// with zeros to a multiple of 32 tokens), and for Q6_K the half-block sums sh[m][2b + h].
 struct Act16 {
   QAct a;
-  const uint8_t* qu = nullptr;
+  const int8_t* q = nullptr;
   const float* sh = nullptr;
+  const int32_t* i128 = nullptr;  // Q8_0: 128 * sum q per token and block
 };
+
+// The sums of the two 16-element halves of a 32-element int8 block.
+inline void half_sums(const int8_t* q, int32_t& s0, int32_t& s1) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  const __m256i t = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
+  __m128i lo = _mm256_castsi256_si128(t), hi = _mm256_extracti128_si256(t, 1);
+  lo = _mm_add_epi32(lo, _mm_shuffle_epi32(lo, 0x4E));
+  hi = _mm_add_epi32(hi, _mm_shuffle_epi32(hi, 0x4E));
+  lo = _mm_add_epi32(lo, _mm_shuffle_epi32(lo, 0xB1));
+  hi = _mm_add_epi32(hi, _mm_shuffle_epi32(hi, 0xB1));
+  s0 = _mm_cvtsi128_si32(lo);
+  s1 = _mm_cvtsi128_si32(hi);
+}
 
 inline uint32_t load4u(const uint8_t* p) {
   uint32_t v;
@@ -152,88 +151,19 @@ inline void store_n(float* p, __m512 v, int64_t nv) {
 }
 #endif
 
-// y[m0 .. m0 + MR, n0 .. n0 + nv) from the panel pb (blocks kBlk16 apart).
-template <int MR, bool HALVES>
-inline void tile16(const Act16& act, int64_t m0, const uint8_t* pb, float* y, int64_t N, int64_t n0, int64_t nv,
-                   const float* bias) {
-  const QAct& a = act.a;
-  const int64_t K = a.K, nb = a.nb;
-  __m512 accf[MR];
-  for (int t = 0; t < MR; ++t) accf[t] = _mm512_setzero_ps();
-  const uint8_t* xr[MR];
-  for (int t = 0; t < MR; ++t) xr[t] = act.qu + (m0 + t) * K;
-  for (int64_t b = 0; b < nb; ++b, pb += kBlk16) {
-    const float* A = reinterpret_cast<const float*>(pb + 512);
-    const float* Z = A + 32;
-    const float* C = Z + 32;
-    if constexpr (HALVES) {
-      __m512i s0[MR], s1[MR];
-      for (int t = 0; t < MR; ++t) s0[t] = s1[t] = _mm512_setzero_si512();
-      for (int g = 0; g < 8; ++g) {
-        const __m512i w = _mm512_load_si512(pb + 64 * g);
-        for (int t = 0; t < MR; ++t) {
-          const __m512i x = _mm512_set1_epi32(int(load4u(xr[t] + b * 32 + 4 * g)));
-          if (g < 4) s0[t] = _mm512_dpbusd_epi32(s0[t], x, w);
-          else s1[t] = _mm512_dpbusd_epi32(s1[t], x, w);
-        }
-      }
-      const __m512 a0 = _mm512_load_ps(A), a1 = _mm512_load_ps(A + 16);
-      const __m512 z0 = _mm512_load_ps(Z), z1 = _mm512_load_ps(Z + 16);
-      const __m512 c0 = _mm512_load_ps(C), c1 = _mm512_load_ps(C + 16);
-      for (int t = 0; t < MR; ++t) {
-        const __m512 dx = _mm512_set1_ps(a.d[(m0 + t) * nb + b]);
-        const float* sh = act.sh + (m0 + t) * 2 * nb + 2 * b;
-        accf[t] = _mm512_fmadd_ps(_mm512_add_ps(cvt16(s0[t]), c0), _mm512_mul_ps(a0, dx), accf[t]);
-        accf[t] = _mm512_fmadd_ps(_mm512_add_ps(cvt16(s1[t]), c1), _mm512_mul_ps(a1, dx), accf[t]);
-        accf[t] = _mm512_fmadd_ps(z0, _mm512_set1_ps(sh[0]), accf[t]);
-        accf[t] = _mm512_fmadd_ps(z1, _mm512_set1_ps(sh[1]), accf[t]);
-      }
-      continue;
-    }
-    __m512i s32[MR];
-    for (int t = 0; t < MR; ++t) s32[t] = _mm512_setzero_si512();
-    for (int g = 0; g < 8; ++g) {
-      const __m512i w = _mm512_load_si512(pb + 64 * g);
-      for (int t = 0; t < MR; ++t)
-        s32[t] = _mm512_dpbusd_epi32(s32[t], _mm512_set1_epi32(int(load4u(xr[t] + b * 32 + 4 * g))), w);
-    }
-    const __m512 av = _mm512_load_ps(A), zv = _mm512_load_ps(Z), cv = _mm512_load_ps(C);
-    for (int t = 0; t < MR; ++t) {
-      const int64_t ab = (m0 + t) * nb + b;
-      accf[t] = _mm512_fmadd_ps(_mm512_add_ps(cvt16(s32[t]), cv), _mm512_mul_ps(av, _mm512_set1_ps(a.d[ab])),
-                                accf[t]);
-      accf[t] = _mm512_fmadd_ps(zv, _mm512_set1_ps(a.s[ab]), accf[t]);
-    }
-  }
-  const __m512 bv = bias ? load_n(bias + n0, nv) : _mm512_setzero_ps();
-  for (int t = 0; t < MR; ++t) store_n(y + (m0 + t) * N + n0, _mm512_add_ps(accf[t], bv), nv);
-}
-
-template <bool HALVES>
-inline void tiles16(const Act16& act, int64_t m_begin, int64_t m_end, const uint8_t* pb, float* y, int64_t N,
-                    int64_t n0, int64_t nv, const float* bias) {
-  constexpr int MR = HALVES ? 6 : 8;
-  int64_t m = m_begin;
-  for (; m + MR <= m_end; m += MR) tile16<MR, HALVES>(act, m, pb, y, N, n0, nv, bias);
-  switch (m_end - m) {
-    case 7: if constexpr (MR > 7) tile16<7, HALVES>(act, m, pb, y, N, n0, nv, bias); break;
-    case 6: if constexpr (MR > 6) tile16<6, HALVES>(act, m, pb, y, N, n0, nv, bias); break;
-    case 5: tile16<5, HALVES>(act, m, pb, y, N, n0, nv, bias); break;
-    case 4: tile16<4, HALVES>(act, m, pb, y, N, n0, nv, bias); break;
-    case 3: tile16<3, HALVES>(act, m, pb, y, N, n0, nv, bias); break;
-    case 2: tile16<2, HALVES>(act, m, pb, y, N, n0, nv, bias); break;
-    case 1: tile16<1, HALVES>(act, m, pb, y, N, n0, nv, bias); break;
-    default: break;
-  }
-}
+// What a block's epilogue adds beside A * d_x * dot: B * s (any type), B_h * s_h per half (Q6_K),
+// or nothing, the offset taken out of the integer dot (Q8_0: dot(u, q) - 128 sum q = sum v q
+// exactly, where the f32 B * s would cancel 128 sum q against the dot's share of it).
+enum Epi : int { kEpiB = 0, kEpiHalves = 1, kEpiQ8 = 2 };
 
 // y[m0 .. m0 + MR, n0 .. n0 + 32) from a pair of panels (block b of panel j at
-// pp + (2 b + j) * kBlk16, the AMX layout): each broadcast activation quad feeds both panels'
-// weight vectors, so a block reads half the activation bytes per row of the 16-row tile, and each
-// token has 2 (HALVES: 4) independent vpdpbusd chains.
-template <int MR, bool HALVES>
+// pp + (2 b + j) * kBlk16): each broadcast activation quad feeds both panels' weight vectors, so
+// a block reads half the activation bytes per row that a 16-row tile would, and each token has 2
+// (halves: 4) independent vpdpbusd chains.
+template <int MR, int EPI>
 inline void tile32(const Act16& act, int64_t m0, const uint8_t* pp, float* y, int64_t N, int64_t n0, int64_t nv0,
                    int64_t nv1, const float* bias) {
+  constexpr bool HALVES = EPI == kEpiHalves;
   constexpr int H = HALVES ? 2 : 1;
   const QAct& a = act.a;
   const int64_t K = a.K, nb = a.nb;
@@ -241,7 +171,7 @@ inline void tile32(const Act16& act, int64_t m0, const uint8_t* pp, float* y, in
   for (int j = 0; j < 2; ++j)
     for (int t = 0; t < MR; ++t) accf[j][t] = _mm512_setzero_ps();
   const uint8_t* xr[MR];
-  for (int t = 0; t < MR; ++t) xr[t] = act.qu + (m0 + t) * K;
+  for (int t = 0; t < MR; ++t) xr[t] = reinterpret_cast<const uint8_t*>(act.q + (m0 + t) * K);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk[2] = {pp + 2 * b * kBlk16, pp + (2 * b + 1) * kBlk16};
     __m512i s[2][H][MR];
@@ -254,20 +184,27 @@ inline void tile32(const Act16& act, int64_t m0, const uint8_t* pp, float* y, in
       const __m512i w1 = _mm512_load_si512(blk[1] + 64 * g);
       for (int t = 0; t < MR; ++t) {
         const __m512i x = _mm512_set1_epi32(int(load4u(xr[t] + b * 32 + 4 * g)));
-        s[0][h][t] = _mm512_dpbusd_epi32(s[0][h][t], x, w0);
-        s[1][h][t] = _mm512_dpbusd_epi32(s[1][h][t], x, w1);
+        s[0][h][t] = _mm512_dpbusd_epi32(s[0][h][t], w0, x);
+        s[1][h][t] = _mm512_dpbusd_epi32(s[1][h][t], w1, x);
       }
     }
+    if constexpr (EPI == kEpiQ8)
+      for (int t = 0; t < MR; ++t) {
+        const __m512i c = _mm512_set1_epi32(act.i128[(m0 + t) * nb + b]);
+        s[0][0][t] = _mm512_sub_epi32(s[0][0][t], c);
+        s[1][0][t] = _mm512_sub_epi32(s[1][0][t], c);
+      }
     for (int j = 0; j < 2; ++j)
       for (int h = 0; h < H; ++h) {
         const float* A = reinterpret_cast<const float*>(blk[j] + 512) + 16 * h;
-        const __m512 av = _mm512_load_ps(A), zv = _mm512_load_ps(A + 32), cv = _mm512_load_ps(A + 64);
+        const __m512 av = _mm512_load_ps(A), bv = _mm512_load_ps(A + 32);
         for (int t = 0; t < MR; ++t) {
           const int64_t ab = (m0 + t) * nb + b;
-          const float zs = HALVES ? act.sh[(m0 + t) * 2 * nb + 2 * b + h] : a.s[ab];
-          accf[j][t] = _mm512_fmadd_ps(_mm512_add_ps(cvt16(s[j][h][t]), cv), _mm512_mul_ps(av, _mm512_set1_ps(a.d[ab])),
-                                       accf[j][t]);
-          accf[j][t] = _mm512_fmadd_ps(zv, _mm512_set1_ps(zs), accf[j][t]);
+          accf[j][t] = _mm512_fmadd_ps(cvt16(s[j][h][t]), _mm512_mul_ps(av, _mm512_set1_ps(a.d[ab])), accf[j][t]);
+          if constexpr (EPI != kEpiQ8) {
+            const float zs = HALVES ? act.sh[(m0 + t) * 2 * nb + 2 * b + h] : a.s[ab];
+            accf[j][t] = _mm512_fmadd_ps(bv, _mm512_set1_ps(zs), accf[j][t]);
+          }
         }
       }
   }
@@ -279,18 +216,18 @@ inline void tile32(const Act16& act, int64_t m0, const uint8_t* pp, float* y, in
   }
 }
 
-template <bool HALVES>
+template <int EPI>
 inline void tiles32(const Act16& act, int64_t m_begin, int64_t m_end, const uint8_t* pp, float* y, int64_t N,
                     int64_t n0, int64_t nv0, int64_t nv1, const float* bias) {
-  constexpr int MR = HALVES ? 4 : 6;
+  constexpr int MR = EPI == kEpiHalves ? 4 : 6;
   int64_t m = m_begin;
-  for (; m + MR <= m_end; m += MR) tile32<MR, HALVES>(act, m, pp, y, N, n0, nv0, nv1, bias);
+  for (; m + MR <= m_end; m += MR) tile32<MR, EPI>(act, m, pp, y, N, n0, nv0, nv1, bias);
   switch (m_end - m) {
-    case 5: if constexpr (MR > 5) tile32<5, HALVES>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
-    case 4: if constexpr (MR > 4) tile32<4, HALVES>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
-    case 3: tile32<3, HALVES>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
-    case 2: tile32<2, HALVES>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
-    case 1: tile32<1, HALVES>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
+    case 5: if constexpr (MR > 5) tile32<5, EPI>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
+    case 4: if constexpr (MR > 4) tile32<4, EPI>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
+    case 3: tile32<3, EPI>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
+    case 2: tile32<2, EPI>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
+    case 1: tile32<1, EPI>(act, m, pp, y, N, n0, nv0, nv1, bias); break;
     default: break;
   }
 }
@@ -307,7 +244,7 @@ struct alignas(64) QTileConfig {
 };
 static_assert(sizeof(QTileConfig) == 64, "LDTILECFG reads exactly 64 bytes");
 
-// ks: k per tdpbusd (32: one block; 16: a Q6_K half). C tiles 0..3 16 x 16 int32; A tiles 4, 5
+// ks: k per tdpbsud (32: one block; 16: a Q6_K half). C tiles 0..3 16 x 16 int32; A tiles 4, 5
 // 16 tokens x ks bytes; B tiles 6, 7 ks / 4 k-quads x 64 bytes.
 inline QTileConfig qgemm_tile_config(int ks) {
   QTileConfig c;
@@ -337,8 +274,8 @@ inline void amx_item16(const Act16& act, bool halves, int64_t m0, int64_t m1, in
   const int subs = halves ? 2 : 1;
   for (int64_t m = m0; m < m1; m += 32) {
     std::memset(acc, 0, sizeof acc);
-    const uint8_t* x0 = act.qu + m * K;
-    const uint8_t* x1 = x0 + 16 * K;
+    const int8_t* x0 = act.q + m * K;
+    const int8_t* x1 = x0 + 16 * K;
     const int tv = int(std::min<int64_t>(32, M - m));  // tokens of this group that exist
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk0 = pp + 2 * b * kBlk16;
@@ -352,23 +289,24 @@ inline void amx_item16(const Act16& act, bool halves, int64_t m0, int64_t m1, in
         _tile_loadd(5, x1 + 32 * b + 16 * h, K);
         _tile_loadd(6, blk0 + 256 * h, 64);
         _tile_loadd(7, blk1 + 256 * h, 64);
-        _tile_dpbusd(0, 4, 6);
-        _tile_dpbusd(1, 4, 7);
-        _tile_dpbusd(2, 5, 6);
-        _tile_dpbusd(3, 5, 7);
+        _tile_dpbsud(0, 4, 6);
+        _tile_dpbsud(1, 4, 7);
+        _tile_dpbsud(2, 5, 6);
+        _tile_dpbsud(3, 5, 7);
         _tile_stored(0, cb[0], 64);
         _tile_stored(1, cb[1], 64);
         _tile_stored(2, cb[2], 64);
         _tile_stored(3, cb[3], 64);
         for (int j = 0; j < 2; ++j) {
           const float* A = reinterpret_cast<const float*>((j ? blk1 : blk0) + 512) + 16 * h;
-          const __m512 av = _mm512_load_ps(A), zv = _mm512_load_ps(A + 32), cv = _mm512_load_ps(A + 64);
+          const __m512 av = _mm512_load_ps(A), zv = _mm512_load_ps(A + 32);
           for (int tt = 0; tt < tv; ++tt) {
             const int64_t t = m + tt;
-            const __m512i ci = _mm512_load_si512(cb[2 * (tt / 16) + j][tt % 16]);
+            __m512i ci = _mm512_load_si512(cb[2 * (tt / 16) + j][tt % 16]);
+            if (act.i128) ci = _mm512_sub_epi32(ci, _mm512_set1_epi32(act.i128[t * nb + b]));
             const float zs = halves ? act.sh[t * 2 * nb + 2 * b + h] : a.s[t * nb + b];
             __m512 r = _mm512_load_ps(acc[tt] + 16 * j);
-            r = _mm512_fmadd_ps(_mm512_add_ps(cvt16(ci), cv), _mm512_mul_ps(av, _mm512_set1_ps(a.d[t * nb + b])), r);
+            r = _mm512_fmadd_ps(cvt16(ci), _mm512_mul_ps(av, _mm512_set1_ps(a.d[t * nb + b])), r);
             r = _mm512_fmadd_ps(zv, _mm512_set1_ps(zs), r);
             _mm512_store_ps(acc[tt] + 16 * j, r);
           }
@@ -404,33 +342,38 @@ inline void matmul16(const float* x, const void* wv, WType wt, const float* bias
   const QAct& a = act.a;
   const int64_t nb = K / 32;
   const bool halves = type_info(wt).halves;
-  const int64_t Mp = kAmx ? (M + 31) / 32 * 32 : M;
-  thread_local std::vector<uint8_t> qubuf;
+  thread_local std::vector<int8_t> qbuf;
   thread_local std::vector<float> shbuf;
-  if (int64_t(qubuf.size()) < Mp * K + 64) qubuf.resize(size_t(Mp * K + 64));
-  uint8_t* qu = qubuf.data();
+  act.q = a.q;
+  if (kAmx && M % 32 != 0) {  // the A tiles read 32 rows at a time: zero rows past M
+    const int64_t Mp = (M + 31) / 32 * 32;
+    if (int64_t(qbuf.size()) < Mp * K) qbuf.resize(size_t(Mp * K));
+    std::memcpy(qbuf.data(), a.q, size_t(M * K));
+    std::memset(qbuf.data() + M * K, 0, size_t((Mp - M) * K));
+    act.q = qbuf.data();
+  }
+  const bool q8 = wt == WType::Q8_0;
+  thread_local std::vector<int32_t> ibuf;
   if (halves && int64_t(shbuf.size()) < 2 * M * nb) shbuf.resize(size_t(2 * M * nb));
+  if (q8 && int64_t(ibuf.size()) < M * nb) ibuf.resize(size_t(M * nb));
   float* sh = shbuf.data();
-  parallel_for(Mp, 1, M * K >= (int64_t(1) << 16) ? 2 : INT64_MAX, [&](int64_t mb, int64_t me) {
-    for (int64_t m = mb; m < me; ++m) {
-      uint8_t* o = qu + m * K;
-      if (m >= M) {
-        std::memset(o, 0, size_t(K));
-        continue;
-      }
-      const int8_t* q = a.q + m * K;
-      for (int64_t k = 0; k < K; ++k) o[k] = uint8_t(q[k]) ^ 0x80u;
-      if (halves)
+  int32_t* i128 = ibuf.data();
+  if (halves || q8)
+    parallel_for(M, 1, M * K >= (int64_t(1) << 16) ? 2 : INT64_MAX, [&](int64_t mb, int64_t me) {
+      for (int64_t m = mb; m < me; ++m)
         for (int64_t b = 0; b < nb; ++b) {
-          int s0 = 0, s1 = 0;
-          for (int k = 0; k < 16; ++k) s0 += q[32 * b + k], s1 += q[32 * b + 16 + k];
+          int32_t s0, s1;
+          half_sums(a.q + m * K + 32 * b, s0, s1);
+          if (q8) {
+            i128[m * nb + b] = 128 * (s0 + s1);
+            continue;
+          }
           const float d = a.d[m * nb + b];
           sh[m * 2 * nb + 2 * b] = d * float(s0);
           sh[m * 2 * nb + 2 * b + 1] = d * float(s1);
         }
-    }
-  });
-  act.qu = qu;
+    });
+  act.i128 = q8 ? i128 : nullptr;
   act.sh = halves ? sh : nullptr;
   const int64_t rows = 2 * kRows16;
   const int64_t n_panels = (N + rows - 1) / rows;
@@ -470,8 +413,9 @@ inline void matmul16(const float* x, const void* wv, WType wt, const float* bias
     }
 #endif
     const int64_t nv0 = std::min<int64_t>(kRows16, N - n0), nv1 = std::min<int64_t>(kRows16, N - n0 - kRows16);
-    if (halves) tiles32<true>(act, m0, m1, buf, y, N, n0, nv0, nv1, bias);
-    else tiles32<false>(act, m0, m1, buf, y, N, n0, nv0, nv1, bias);
+    if (halves) tiles32<kEpiHalves>(act, m0, m1, buf, y, N, n0, nv0, nv1, bias);
+    else if (q8) tiles32<kEpiQ8>(act, m0, m1, buf, y, N, n0, nv0, nv1, bias);
+    else tiles32<kEpiB>(act, m0, m1, buf, y, N, n0, nv0, nv1, bias);
   });
 }
 
