@@ -174,7 +174,7 @@ void check_bf16_kernel(Kernel fast, const char* name) {
 // integer reference: M around its 6-token tiles, N around its 4-row steps and the threads' 16-row
 // boundaries, K of 1..40 blocks.
 void check_gemv(Kernel fast, const char* name) {
-  for (WType wt : {WType::Q8_0, WType::Q4_0})
+  for (WType wt : {WType::Q8_0, WType::Q4_0, WType::Q5_0})
     for (int64_t M : {1, 2, 6, 7, 9, 15})
     for (int64_t N : {1, 3, 4, 5, 17, 40, 333})
       for (int64_t K : {32, 96, 640, 1280})
@@ -378,7 +378,9 @@ TEST(QuantGemm, DispatchAndEnvCap) {
     const QuantGemm dflt = quant_gemm_path();
     EXPECT_NE(dflt, QuantGemm::Avx512Bf16) << quant_gemm_name(dflt);
     const CpuFeatures& f = cpu_features();
-    if (active_isa() == Isa::Avx512Bf16 && f.avx512vnni) EXPECT_EQ(dflt, QuantGemm::Avx512Vnni);
+    if (active_isa() == Isa::Avx512Bf16 && f.avx512vnni) {
+      EXPECT_EQ(dflt, QuantGemm::Avx512Vnni);
+    }
   }
   {
     IsaGuard g2;

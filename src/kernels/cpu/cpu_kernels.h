@@ -111,7 +111,7 @@ void matmul_qgemm_amx(const float* x, const void* w, WType wt, const float* bias
 // only where active_isa() >= Isa::AmxBf16).
 void matmul_qbf16_amx(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M, int64_t N,
                       int64_t K);
-// Decode / verification (a few tokens) over Q8_0 / Q4_0 blocks as stored, 512-bit vpdpbusd, two
+// Decode / verification (a few tokens) over Q8_0 / Q4_0 / Q5_0 blocks as stored, 512-bit vpdpbusd, two
 // rows per zmm (gemv_q_avx512_impl.h; only where the Avx512 level and AVX512-VNNI are active).
 void gemv_q_avx512vnni(const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M, int64_t N,
                        int64_t K);

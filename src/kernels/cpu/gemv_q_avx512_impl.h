@@ -1,5 +1,5 @@
-// Decode GEMV (a few tokens: decode, speculative verification) over Q8_0 and Q4_0 weights as
-// stored, with 512-bit vpdpbusd:
+// Decode GEMV (a few tokens: decode, speculative verification) over Q8_0, Q4_0 and Q5_0 weights
+// as stored, with 512-bit vpdpbusd:
 // the one source of the native AVX512-VNNI build (gemv_q_avx512vnni.cpp) and of the SIMDe build
 // tests/kernels/gemv_q_avx512_emu.cpp (define KVB_GV_PORTABLE there: no zmm cvtdq2ps in SIMDe
 // 0.7.4). Define KVB_GV_NS (the namespace inside kvboost::kernels::cpu) before including.
@@ -15,6 +15,9 @@
 //   Q4_0: the 16 bytes of each row's block give [row0 lo | row1 lo] and, shifted, [row0 hi | row1
 //         hi] (nibbles 0..15, unsigned); the activation block is laid out to match once per call
 //         ([x0..15 | x0..15 | x16..31 | x16..31]); zero point 8: y = sum d_w d_x dot - 8 sum d_w s.
+//   Q5_0: as Q4_0, plus the fifth bits: the two rows' 32-bit qh words give the 64-bit byte mask of
+//         that layout, and one masked byte add puts 16 where a bit is set (values 0..31); zero
+//         point 16.
 // Four rows per step (two zmm): the four f16 scales are gathered into one vector, converted and
 // spread to the lanes of each row by one permute per pair; the rows' blocks are unpacked once for
 // up to 6 tokens (per token and row pair: vpdpbusd, convert, multiply, FMA). The int32 dots are
@@ -35,11 +38,29 @@ inline __m512 gv_cvt(__m512i v) {
 }
 #endif
 
+#ifndef KVB_GV_PORTABLE
+// u + 16 in the bytes whose bit is set in mk.
+inline __m512i gv_add16(__m512i u, uint64_t mk) {
+  return _mm512_mask_add_epi8(u, __mmask64(mk), u, _mm512_set1_epi8(16));
+}
+#else
+inline __m512i gv_add16(__m512i u, uint64_t mk) {
+  alignas(64) uint8_t b[64];
+  _mm512_store_si512(b, u);
+  for (int i = 0; i < 64; ++i) b[i] = uint8_t(b[i] + ((mk >> i) & 1u ? 16 : 0));
+  return _mm512_load_si512(b);
+}
+#endif
+
 inline uint16_t gv_u16(const uint8_t* p) {
   uint16_t v;
   std::memcpy(&v, p, 2);
   return v;
 }
+
+// The weight types of this GEMV (template argument KIND); Q4 below: the nibble layout (Q4_0, Q5_0).
+enum GvKind : int { kGvQ8 = 0, kGvQ4 = 1, kGvQ5 = 2 };
+constexpr int gv_block_bytes(int kind) { return kind == kGvQ8 ? 34 : kind == kGvQ4 ? 18 : 22; }
 
 // Lanes of the row pair (r, r + 1) for a 4-lane scale vector [s0 s1 s2 s3] broadcast to 16:
 // Q8_0 layout: dwords 0..7 row r, 8..15 row r + 1.
@@ -56,11 +77,13 @@ inline __m512i gv_lane_index(int pair) {
 // Rows [n0, n0 + nr) (nr = 1..4) of y for tokens [m0, m0 + MR) of `a`; xb: the activation
 // blocks as the kernel reads them (Q8_0: a.q, 32 bytes per block; Q4_0: 64 bytes per block, the
 // layout above), xs bytes per token. The rows' blocks are unpacked once for the MR tokens.
-template <bool Q4, int MR>
+template <int KIND, int MR>
 inline void gv_tile(const QAct& a, int64_t m0, const int8_t* xb, int64_t xs, const uint8_t* w, size_t rb,
                     int64_t n0, int nr, const float* bias, float* y, int64_t N, const uint8_t* pf) {
-  constexpr int kB = Q4 ? 18 : 34;  // block bytes
-  constexpr float kZero = Q4 ? 8.0f : 128.0f;
+  constexpr bool Q4 = KIND != kGvQ8;
+  constexpr int kB = gv_block_bytes(KIND);
+  constexpr int kQs = KIND == kGvQ5 ? 6 : 2;  // offset of the quants in a block
+  constexpr float kZero = KIND == kGvQ8 ? 128.0f : KIND == kGvQ4 ? 8.0f : 16.0f;
   const int64_t nb = a.nb;
   const uint8_t* row[4];
   for (int r = 0; r < 4; ++r) row[r] = w + size_t(n0 + std::min(r, nr - 1)) * rb;  // rows past nr repeat the last
@@ -80,13 +103,23 @@ inline void gv_tile(const QAct& a, int64_t m0, const int8_t* xb, int64_t xs, con
     const __m512 sc[2] = {_mm512_permutexvar_ps(idx0, dw16), _mm512_permutexvar_ps(idx1, dw16)};
     __m512i u[2];
     for (int p = 0; p < 2; ++p) {
-      const uint8_t* r0 = row[2 * p] + off + 2;
-      const uint8_t* r1 = row[2 * p + 1] + off + 2;
+      const uint8_t* r0 = row[2 * p] + off + kQs;
+      const uint8_t* r1 = row[2 * p + 1] + off + kQs;
       if constexpr (Q4) {
         const __m256i v = _mm256_inserti128_si256(
             _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0))),
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1)), 1);
         u[p] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), m4);
+        if constexpr (KIND == kGvQ5) {
+          uint32_t h0, h1;
+          std::memcpy(&h0, r0 - 4, 4);
+          std::memcpy(&h1, r1 - 4, 4);
+          // bytes 0..15: row 0 elements 0..15 (bits 0..15 of its qh), 16..31 row 1's, 32..47
+          // row 0 elements 16..31 (bits 16..31), 48..63 row 1's
+          const uint64_t mk = uint64_t(h0 & 0xFFFFu) | uint64_t(h1 & 0xFFFFu) << 16 | uint64_t(h0 >> 16) << 32 |
+                              uint64_t(h1 >> 16) << 48;
+          u[p] = gv_add16(u[p], mk);
+        }
       } else {
         u[p] = _mm512_xor_si512(
             _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0))),
@@ -131,29 +164,30 @@ inline void gv_tile(const QAct& a, int64_t m0, const int8_t* xb, int64_t xs, con
 
 // Tokens [0, M) over one 4-row group: tiles of up to 6 tokens, the rows' blocks from L1 after
 // the first tile.
-template <bool Q4>
+template <int KIND>
 inline void gv_group(const QAct& a, int64_t M, const int8_t* xb, int64_t xs, const uint8_t* w, size_t rb, int64_t n0,
                      int nr, const float* bias, float* y, int64_t N, const uint8_t* pf) {
   int64_t m = 0;
-  for (; m + 6 <= M; m += 6) gv_tile<Q4, 6>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, m == 0 ? pf : nullptr);
+  for (; m + 6 <= M; m += 6) gv_tile<KIND, 6>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, m == 0 ? pf : nullptr);
   const uint8_t* p = m == 0 ? pf : nullptr;
   switch (M - m) {
-    case 5: gv_tile<Q4, 5>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
-    case 4: gv_tile<Q4, 4>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
-    case 3: gv_tile<Q4, 3>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
-    case 2: gv_tile<Q4, 2>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
-    case 1: gv_tile<Q4, 1>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
+    case 5: gv_tile<KIND, 5>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
+    case 4: gv_tile<KIND, 4>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
+    case 3: gv_tile<KIND, 3>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
+    case 2: gv_tile<KIND, 2>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
+    case 1: gv_tile<KIND, 1>(a, m, xb, xs, w, rb, n0, nr, bias, y, N, p); break;
     default: break;
   }
 }
 
-// y[M, N] = x[M, K] . w^T (+ bias), w Q8_0 (q4 = false) or Q4_0 (q4 = true), a few tokens (decode,
+// y[M, N] = x[M, K] . w^T (+ bias), w of GvKind kind (Q8_0, Q4_0, Q5_0), a few tokens (decode,
 // verification passes): one pass over the weights for all M tokens.
-inline void gemv(const float* x, const uint8_t* w, bool q4, const float* bias, float* y, int64_t M, int64_t N,
+inline void gemv(const float* x, const uint8_t* w, int kind, const float* bias, float* y, int64_t M, int64_t N,
                  int64_t K) {
   const QAct a = quantize_act(x, M, K, /*avx2=*/true);
   const int64_t nb = a.nb;
-  const size_t rb = size_t(nb) * (q4 ? 18 : 34);
+  const bool q4 = kind != kGvQ8;
+  const size_t rb = size_t(nb) * size_t(gv_block_bytes(kind));
   thread_local std::vector<int8_t> lay;
   const int8_t* xb = a.q;
   int64_t xs = K;
@@ -173,8 +207,9 @@ inline void gemv(const float* x, const uint8_t* w, bool q4, const float* bias, f
     for (int64_t n = nbeg; n < nend; n += 4) {
       const int nr = int(std::min<int64_t>(4, nend - n));
       const uint8_t* pf = n + 8 <= N ? w + size_t(n + 4) * rb : nullptr;
-      if (q4) gv_group<true>(a, M, xb, xs, w, rb, n, nr, bias, y, N, pf);
-      else gv_group<false>(a, M, xb, xs, w, rb, n, nr, bias, y, N, pf);
+      if (kind == kGvQ4) gv_group<kGvQ4>(a, M, xb, xs, w, rb, n, nr, bias, y, N, pf);
+      else if (kind == kGvQ5) gv_group<kGvQ5>(a, M, xb, xs, w, rb, n, nr, bias, y, N, pf);
+      else gv_group<kGvQ8>(a, M, xb, xs, w, rb, n, nr, bias, y, N, pf);
     }
   });
 }
