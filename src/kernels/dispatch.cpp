@@ -143,9 +143,11 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
       // pairs) cost more than the f32 tiles over dequantized panels (0.75x vs 0.9x of bf16 at
       // pp512, bench/quant_gemm_bench), so it keeps those; with VNNI it is one plane.
       const QuantGemm path = quant_gemm_path();
-      // Decode / verification over Q8_0 / Q4_0 / Q5_0: the 512-bit VNNI GEMV (two rows per
-      // vpdpbusd, blocks unpacked once for up to 6 tokens; docs/kernels-vnni.md).
-      if (M < cpu::kQGemmMinM && (wt == WType::Q8_0 || wt == WType::Q4_0 || wt == WType::Q5_0) &&
+      // Decode / verification over Q8_0 / Q4_0 / Q5_0 (two rows per vpdpbusd, blocks unpacked
+      // once for up to 6 tokens) and Q4_K / Q6_K (a row's 256-block as four zmm in element
+      // order): the 512-bit VNNI GEMV (docs/kernels-vnni.md).
+      if (M < cpu::kQGemmMinM &&
+          (wt == WType::Q8_0 || wt == WType::Q4_0 || wt == WType::Q5_0 || wt == WType::Q4_K || wt == WType::Q6_K) &&
           path >= QuantGemm::Avx512Vnni &&
           active_isa() >= Isa::Avx512 && cpu_features().avx512vnni)
         return cpu::gemv_q_avx512vnni(x, w, wt, bias, y, M, N, K);

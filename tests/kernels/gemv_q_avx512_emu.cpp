@@ -20,6 +20,9 @@ namespace kvboost::kernel_test {
 void gemv_q_avx512vnni_emu(const float* x, const void* w, kernels::WType wt, const float* bias, float* y, int64_t M,
                            int64_t N, int64_t K) {
   namespace g = kernels::cpu::gemv512_emu;
+  if (wt == kernels::WType::Q4_K || wt == kernels::WType::Q6_K)
+    return g::gemv_k(x, static_cast<const uint8_t*>(w), wt == kernels::WType::Q4_K ? g::kGvQ4K : g::kGvQ6K, bias, y,
+                     M, N, K);
   const int kind = wt == kernels::WType::Q4_0 ? g::kGvQ4 : wt == kernels::WType::Q5_0 ? g::kGvQ5 : g::kGvQ8;
   g::gemv(x, static_cast<const uint8_t*>(w), kind, bias, y, M, N, K);
 }

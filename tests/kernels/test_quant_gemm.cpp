@@ -170,15 +170,16 @@ void check_bf16_kernel(Kernel fast, const char* name) {
   });
 }
 
-// The 512-bit VNNI decode GEMV (gemv_q_avx512_impl.h: Q8_0, Q4_0, 1..15 tokens) against the
+// The 512-bit VNNI decode GEMV (gemv_q_avx512_impl.h: Q8_0, Q4_0, Q5_0, Q4_K, Q6_K; 1..15 tokens) against the
 // integer reference: M around its 6-token tiles, N around its 4-row steps and the threads' 16-row
 // boundaries, K of 1..40 blocks.
 void check_gemv(Kernel fast, const char* name) {
-  for (WType wt : {WType::Q8_0, WType::Q4_0, WType::Q5_0})
-    for (int64_t M : {1, 2, 6, 7, 9, 15})
+  for (WType wt : {WType::Q8_0, WType::Q4_0, WType::Q5_0, WType::Q4_K, WType::Q6_K})
+    for (int64_t M : {1, 2, 4, 5, 6, 7, 9, 15})
     for (int64_t N : {1, 3, 4, 5, 17, 40, 333})
-      for (int64_t K : {32, 96, 640, 1280})
+      for (int64_t K : {32, 96, 256, 640, 1280})
         for (bool with_bias : {false, true}) {
+          if (K % wtype_block_elems(wt) != 0) continue;
           if (M > 2 && N > 40 && K > 96) continue;  // the long cases once per type
           const uint64_t seed = uint64_t(int(wt)) * 77 + uint64_t(M * 1001 + N * 13 + K);
           const std::vector<uint8_t> w = random_blocks(wt, N, K, seed);

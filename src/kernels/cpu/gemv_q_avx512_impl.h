@@ -52,6 +52,19 @@ inline __m512i gv_add16(__m512i u, uint64_t mk) {
 }
 #endif
 
+// 16 int8 as f32 (Q6_K's scales).
+#ifndef KVB_GV_PORTABLE
+inline __m512 gv_i8_ps(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+#else
+inline __m512 gv_i8_ps(const uint8_t* p) {
+  alignas(64) float f[16];
+  for (int k = 0; k < 16; ++k) f[k] = float(int8_t(p[k]));
+  return _mm512_load_ps(f);
+}
+#endif
+
 inline uint16_t gv_u16(const uint8_t* p) {
   uint16_t v;
   std::memcpy(&v, p, 2);
@@ -180,6 +193,148 @@ inline void gv_group(const QAct& a, int64_t M, const int8_t* xb, int64_t xs, con
   }
 }
 
+// ---- K-quants (Q4_K, Q6_K): one row at a time ----
+// A 256-element block is four zmm of 64 weights in element order, so the activation bytes are read
+// as quantized (no relayout); lane l of chunk c (elements 64c + 4l .. + 3) belongs to activation
+// block 2c + l/8 and 16-element group 4c + l/4.
+//   Q4_K: qs[32c .. 32c + 31] low nibbles are sub-block 2c, high nibbles 2c + 1: [lo | hi] is chunk
+//         c, unsigned 0..15. Lane scale d sc_j dx_j (one product of 8 floats per block and token,
+//         spread by a permute per chunk); mins: y -= sum_j dmin m_j s_j (8 floats, one FMA).
+//   Q6_K: ql's 64 bytes of each half give chunks 2h (low nibbles) and 2h + 1 (high), qh's 32 bytes
+//         the two top bits of both (one shift, two masks, one or each); unsigned 0..63. The zero
+//         point 32 is taken out by starting each dot at -32 sum_4 x (per token and lane, once per
+//         call: xn). Lane scale d sc_g dx_j (16 floats per block and token).
+// Four independent accumulators per token (one per chunk); the int32 dots are exact.
+constexpr int kGvQ4K = 3, kGvQ6K = 4;
+
+template <int KIND, int MR>
+inline void gvk_row(const QAct& a, int64_t m0, const int32_t* xn, const uint8_t* row, int64_t n, const float* bias,
+                    float* y, int64_t N, const uint8_t* pf) {
+  constexpr int kB = KIND == kGvQ4K ? 144 : 210;
+  const int64_t K = a.K, nbk = K / 256;
+  __m512 acc[MR][4];
+  __m256 macc[MR];
+  for (int t = 0; t < MR; ++t) {
+    for (int c = 0; c < 4; ++c) acc[t][c] = _mm512_setzero_ps();
+    macc[t] = _mm256_setzero_ps();
+  }
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  // lane -> its scale: Q4_K activation block 2c + l/8 of the 8; Q6_K group 4c + l/4 of the 16
+  __m512i li[4];
+  for (int c = 0; c < 4; ++c)
+    li[c] = KIND == kGvQ4K ? _mm512_setr_epi32(2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1,
+                                               2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,
+                                               2 * c + 1)
+                           : _mm512_setr_epi32(4 * c, 4 * c, 4 * c, 4 * c, 4 * c + 1, 4 * c + 1, 4 * c + 1,
+                                               4 * c + 1, 4 * c + 2, 4 * c + 2, 4 * c + 2, 4 * c + 2, 4 * c + 3,
+                                               4 * c + 3, 4 * c + 3, 4 * c + 3);
+  const __m512i dxe = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);  // Q6_K: group -> block
+  for (int64_t b = 0; b < nbk; ++b) {
+    const uint8_t* blk = row + size_t(b) * kB;
+    if (pf)
+      for (int o = 0; o < kB; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + b * kB + o), _MM_HINT_T0);
+    __m512i u[4];
+    __m512 fs;      // Q4_K: lanes 0..7 d sc_j; Q6_K: lanes 0..15 d sc_g
+    __m256 fm{};    // Q4_K: dmin m_j
+    if constexpr (KIND == kGvQ4K) {
+      const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(int(uint32_t(gv_u16(blk)) | uint32_t(gv_u16(blk + 2)) << 16)));
+      alignas(32) int32_t sc[8], mn[8];
+      for (int j = 0; j < 8; ++j) {
+        uint8_t s, m;
+        k_scale_min(blk + 4, j, s, m);
+        sc[j] = s, mn[j] = m;
+      }
+      const __m256 d8 = _mm256_broadcastss_ps(dd), dm8 = _mm256_broadcastss_ps(_mm_shuffle_ps(dd, dd, 1));
+      fs = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc))), d8));
+      fm = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(mn))), dm8);
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c));
+        u[c] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), m4);
+      }
+    } else {
+      const float d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(int(gv_u16(blk + 208)))));
+      fs = _mm512_mul_ps(gv_i8_ps(blk + 192), _mm512_set1_ps(d));
+      for (int h = 0; h < 2; ++h) {
+        const __m512i lo = _mm512_loadu_si512(blk + 64 * h);
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+        const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 2), 1);
+        u[2 * h] = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(_mm512_slli_epi16(qq, 4), m30));
+        u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), m4), _mm512_and_si512(qq, m30));
+      }
+    }
+    for (int t = 0; t < MR; ++t) {
+      const int64_t m = m0 + t, ab = m * a.nb + 8 * b;
+      const __m256 dx = _mm256_loadu_ps(a.d + ab);
+      __m512 comb;
+      if constexpr (KIND == kGvQ4K) {
+        comb = _mm512_castps256_ps512(_mm256_mul_ps(_mm512_castps512_ps256(fs), dx));
+        macc[t] = _mm256_fmadd_ps(fm, _mm256_loadu_ps(a.s + ab), macc[t]);
+      } else {
+        comb = _mm512_mul_ps(fs, _mm512_permutexvar_ps(dxe, _mm512_castps256_ps512(dx)));
+      }
+      const int8_t* xq = a.q + m * K + 256 * b;
+      for (int c = 0; c < 4; ++c) {
+        const __m512i x = _mm512_loadu_si512(xq + 64 * c);
+        const __m512i init = KIND == kGvQ6K ? _mm512_loadu_si512(xn + m * (K / 4) + 64 * b + 16 * c)
+                                            : _mm512_setzero_si512();
+        const __m512i dot = _mm512_dpbusd_epi32(init, u[c], x);
+        acc[t][c] = _mm512_fmadd_ps(gv_cvt(dot), _mm512_permutexvar_ps(li[c], comb), acc[t][c]);
+      }
+    }
+  }
+  for (int t = 0; t < MR; ++t) {
+    alignas(64) float f[16];
+    _mm512_store_ps(f, _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]), _mm512_add_ps(acc[t][2], acc[t][3])));
+    alignas(32) float z[8];
+    _mm256_store_ps(z, macc[t]);
+    float s = 0.0f;
+    for (int k = 0; k < 16; ++k) s += f[k];
+    for (int k = 0; k < 8; ++k) s -= z[k];
+    y[(m0 + t) * N + n] = bias ? s + bias[n] : s;
+  }
+}
+
+// Tokens [0, M) over one row: tiles of up to 4 tokens, the row's blocks from L1 after the first.
+template <int KIND>
+inline void gvk_rows(const QAct& a, int64_t M, const int32_t* xn, const uint8_t* w, size_t rb, int64_t n0, int64_t n1,
+                     const float* bias, float* y, int64_t N) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + size_t(n) * rb;
+    const uint8_t* pf = n + 1 < N ? row + rb : nullptr;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) gvk_row<KIND, 4>(a, m, xn, row, n, bias, y, N, m == 0 ? pf : nullptr);
+    const uint8_t* p = m == 0 ? pf : nullptr;
+    switch (M - m) {
+      case 3: gvk_row<KIND, 3>(a, m, xn, row, n, bias, y, N, p); break;
+      case 2: gvk_row<KIND, 2>(a, m, xn, row, n, bias, y, N, p); break;
+      case 1: gvk_row<KIND, 1>(a, m, xn, row, n, bias, y, N, p); break;
+      default: break;
+    }
+  }
+}
+
+// y[M, N] = x[M, K] . w^T (+ bias) over Q4_K (kGvQ4K) or Q6_K (kGvQ6K) rows; K a multiple of 256.
+inline void gemv_k(const float* x, const uint8_t* w, int kind, const float* bias, float* y, int64_t M, int64_t N,
+                   int64_t K) {
+  const QAct a = quantize_act(x, M, K, /*avx2=*/true);
+  const size_t rb = size_t(K / 256) * size_t(kind == kGvQ4K ? 144 : 210);
+  thread_local std::vector<int32_t> xnv;
+  const int32_t* xn = nullptr;
+  if (kind == kGvQ6K) {
+    if (int64_t(xnv.size()) < M * (K / 4)) xnv.resize(size_t(M * (K / 4)));
+    const __m512i z32 = _mm512_set1_epi8(32);
+    for (int64_t i = 0; i < M * K; i += 64)
+      _mm512_storeu_si512(xnv.data() + i / 4,
+                          _mm512_sub_epi32(_mm512_setzero_si512(),
+                                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), z32, _mm512_loadu_si512(a.q + i))));
+    xn = xnv.data();
+  }
+  parallel_for(N, 16, int64_t(rb) * N * M >= (int64_t(1) << 15) ? 16 : INT64_MAX, [&](int64_t nbeg, int64_t nend) {
+    if (kind == kGvQ4K) gvk_rows<kGvQ4K>(a, M, xn, w, rb, nbeg, nend, bias, y, N);
+    else gvk_rows<kGvQ6K>(a, M, xn, w, rb, nbeg, nend, bias, y, N);
+  });
+}
+
 // y[M, N] = x[M, K] . w^T (+ bias), w of GvKind kind (Q8_0, Q4_0, Q5_0), a few tokens (decode,
 // verification passes): one pass over the weights for all M tokens.
 inline void gemv(const float* x, const uint8_t* w, int kind, const float* bias, float* y, int64_t M, int64_t N,
@@ -206,7 +361,7 @@ inline void gemv(const float* x, const uint8_t* w, int kind, const float* bias, 
   parallel_for(N, 16, int64_t(rb) * N * M >= (int64_t(1) << 15) ? 32 : INT64_MAX, [&](int64_t nbeg, int64_t nend) {
     for (int64_t n = nbeg; n < nend; n += 4) {
       const int nr = int(std::min<int64_t>(4, nend - n));
-      const uint8_t* pf = n + 8 <= N ? w + size_t(n + 4) * rb : nullptr;
+      const uint8_t* pf = n + 20 <= N ? w + size_t(n + 16) * rb : nullptr;
       if (kind == kGvQ4) gv_group<kGvQ4>(a, M, xb, xs, w, rb, n, nr, bias, y, N, pf);
       else if (kind == kGvQ5) gv_group<kGvQ5>(a, M, xb, xs, w, rb, n, nr, bias, y, N, pf);
       else gv_group<kGvQ8>(a, M, xb, xs, w, rb, n, nr, bias, y, N, pf);
