@@ -147,8 +147,7 @@ uint32_t first_cp(const std::string& s, uint32_t dflt) {
 
 std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& where) {
   if (j.is_null()) return nullptr;
-  if (!j.is_object() || !j.contains("type")) fail(where, ": expected an object with \"type\"");
-  const std::string type = j["type"].get<std::string>();
+  const std::string type = json_type(j, where);
   try {
     if (type == "ByteLevel") return std::make_unique<ByteLevelDec>();
     if (type == "Replace") return std::make_unique<ReplaceDec>(j, where);

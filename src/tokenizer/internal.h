@@ -24,6 +24,16 @@ namespace kvboost::tok {
 
 using json = nlohmann::json;
 
+// The "type" of a component object (normalizer, pre_tokenizer, decoder, post_processor): it must
+// be an object whose "type" is a string (fuzz_tokenizer_json found {"type": 1} escaping as a
+// json::type_error).
+inline std::string json_type(const json& j, const std::string& where) {
+  if (!j.is_object() || !j.contains("type")) fail(where, ": expected an object with \"type\"");
+  const json& t = j["type"];
+  if (!t.is_string()) fail(where, ": \"type\" is ", t.type_name(), ", expected a string");
+  return t.get<std::string>();
+}
+
 // A token id field: an integer in [0, 2^31), else an Error naming what (a float such as 1e300
 // would otherwise be cast to int32_t: undefined behaviour; fuzz_tokenizer_json found it).
 inline int32_t json_id(const json& v, const std::string& what) {

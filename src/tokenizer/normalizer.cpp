@@ -115,8 +115,7 @@ class SequenceNorm : public Normalizer {
 
 std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& where) {
   if (j.is_null()) return nullptr;
-  if (!j.is_object() || !j.contains("type")) fail(where, ": expected an object with \"type\"");
-  const std::string type = j["type"].get<std::string>();
+  const std::string type = json_type(j, where);
   try {
     if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD")
       return std::make_unique<UnicodeNorm>(type, where);

@@ -18,8 +18,7 @@ std::vector<int32_t> template_ids(const json& special_tokens, const std::string&
 PostProcessor make_post_processor(const json& j, const std::string& where) {
   PostProcessor pp;
   if (j.is_null()) return pp;
-  if (!j.is_object() || !j.contains("type")) fail(where, ": expected an object with \"type\"");
-  const std::string type = j["type"].get<std::string>();
+  const std::string type = json_type(j, where);
   try {
     if (type == "ByteLevel") return pp;
     if (type == "TemplateProcessing") {

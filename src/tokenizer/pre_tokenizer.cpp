@@ -226,8 +226,7 @@ int unicode_to_byte(uint32_t cp) {
 
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::string& where) {
   if (j.is_null()) return nullptr;
-  if (!j.is_object() || !j.contains("type")) fail(where, ": expected an object with \"type\"");
-  const std::string type = j["type"].get<std::string>();
+  const std::string type = json_type(j, where);
   try {
     if (type == "ByteLevel")
       return std::make_unique<ByteLevel>(j.value("add_prefix_space", true), j.value("use_regex", true));

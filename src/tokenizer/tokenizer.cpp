@@ -49,7 +49,7 @@ Tokenizer Tokenizer::from_dir(const std::string& dir) {
 }
 
 Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::string& tokenizer_config_json,
-                               const std::string& source) {
+                               const std::string& source) try {
   auto impl = std::make_unique<Impl>();
   impl->source = source;
   const json j = parse_json(tokenizer_json, source);
@@ -118,7 +118,8 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
     if (!cfg.is_object()) fail(cfg_source, ": top level is not a JSON object");
     if (auto b = config_token(cfg, "bos_token")) m.bos = tk.token_to_id(*b);
     if (auto e = config_token(cfg, "eos_token")) m.eos = tk.token_to_id(*e);
-    const std::string cls = cfg.value("tokenizer_class", std::string());
+    const std::string cls =
+        cfg.contains("tokenizer_class") && cfg["tokenizer_class"].is_string() ? cfg["tokenizer_class"].get<std::string>() : "";
     const bool llama = is_llama_class(cls);
     const bool has_flags = cfg.contains("add_bos_token") || cfg.contains("add_eos_token");
     // transformers' LlamaTokenizerFast rebuilds the post-processor from these flags; other
@@ -138,6 +139,10 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
   }
   if (!m.bos) m.bos = m.post.first_special;
   return tk;
+} catch (const json::exception& e) {
+  // A backstop: a field of the wrong JSON type that no check above named still becomes an Error
+  // naming the file, never a json::type_error escaping to the caller.
+  fail(source, ": ", e.what());
 }
 
 void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& out) const {

@@ -101,3 +101,24 @@ TEST(TokenizerErrors, NonIntegerTokenIdsAreNamed) {
   EXPECT_CONTAINS(msg, "added_tokens[0]");
   EXPECT_CONTAINS(msg, "not an integer");
 }
+
+// A component "type" that is not a string (fuzz_tokenizer_json, CI 2026-12-04: {"type": 1} in a
+// post_processor escaped as json::type_error) and a tokenizer_config field of the wrong JSON type
+// are Errors naming the component, not exceptions of another kind.
+TEST(TokenizerErrors, NonStringFieldsAreNamed) {
+  const std::string model = R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []})";
+  for (const char* part : {"normalizer", "pre_tokenizer", "decoder", "post_processor"}) {
+    const std::string msg = error_of([&] {
+      Tokenizer::from_json(std::string(R"({")") + part + R"(": {"type": 1}, )" + model + "}");
+    });
+    EXPECT_CONTAINS(msg, part);
+    EXPECT_CONTAINS(msg, "expected a string");
+  }
+  Tokenizer t = Tokenizer::from_json("{" + model + "}", R"({"tokenizer_class": 7, "add_bos_token": "yes"})");
+  EXPECT_EQ(t.encode("a", true), (std::vector<int32_t>{0}));
+  const std::string msg = error_of([&] {
+    Tokenizer::from_json(R"({"post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": 3}}]}, )" +
+                         model + "}");
+  });
+  EXPECT_CONTAINS(msg, "post_processor");
+}
