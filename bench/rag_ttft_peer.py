@@ -96,6 +96,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=None,
                     help="tokens per request on both servers (default: kvboost's guard_tokens, at least 1): the time "
                          "is then to the first N tokens, which covers kvboost's held-back guard tokens honestly")
+    ap.add_argument("--per-prompt", default=None,
+                    help="write one TSV row per prompt: client ms of each server and kvboost's own accounting "
+                         "(ttft_ms, prefill_ms, cached/reused/recomputed/new tokens, guarded)")
     a = ap.parse_args()
     if a.max_tokens is None:
         a.max_tokens = max(1, a.guard_tokens or 1)
@@ -152,6 +155,7 @@ def main():
             if peer:
                 ll(segs, "\n")
         t_kv, t_ll, t_full, texts_equal, escalated = [], [], [], 0, 0
+        rows = []
         for p in range(a.prompts):
             pick = rng.sample(range(a.pool), a.docs)
             segs = [sys_text] + [docs[d] for d in pick]
@@ -171,7 +175,11 @@ def main():
                         reuse["guard_tokens"] = a.guard_tokens
                     ms, out = kv(segs, prompt, reuse=reuse)
                     t_kv.append(ms)
-                    escalated += bool(out.get("kvboost", {}).get("guarded", False))
+                    k = out.get("kvboost", {})
+                    escalated += bool(k.get("guarded", False))
+                    rows.append([p, round(ms, 1)] + [k.get(f) for f in (
+                        "ttft_ms", "prefill_ms", "cached_prefix_tokens", "reused_tokens", "recomputed_tokens",
+                        "new_tokens", "guarded", "first_lead", "guard_lead")])
                 elif r == "ll":
                     ms, out = ll(segs, prompt)
                     t_ll.append(ms)
@@ -181,8 +189,15 @@ def main():
                 got[r] = out["choices"][0]["text"]
             if len(set(got.values())) == 1:
                 texts_equal += 1
+            rows[-1] += [round((t_ll if peer else t_full)[-1], 1), len(set(got.values())) == 1]
             if p == 0:
                 print(f"prompt 0: {len(prompt.split()) + sum(len(s.split()) for s in segs)} words", flush=True)
+        if a.per_prompt:
+            with open(a.per_prompt, "w") as fh:
+                fh.write("prompt\tkv_ms\tttft_ms\tprefill_ms\tcached\treused\trecomputed\tnew\tguarded\t"
+                         "first_lead\tguard_lead\tother_ms\tsame_text\n")
+                for r in rows:
+                    fh.write("\t".join(str(x) for x in r) + "\n")
         other = t_ll if peer else t_full
         name = "llama-server" if peer else "kvboost full prefill"
         print(f"\n{a.prompts} re-ordered RAG prompts, {a.docs} documents of {a.doc_words} words from a pool of "

@@ -139,9 +139,9 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
     // The scalar path is the same integer algorithm (not matmul_ref), so KVBOOST_ISA=scalar
     // runs what a CPU without AVX2 runs.
     if (active_isa() >= Isa::Avx2) {
-      // Q8_0 on AVX2: the GEMM's two nibble planes (u = w + 128 does not fit maddubs' int16
-      // pairs) cost more than the f32 tiles over dequantized panels (0.75x vs 0.9x of bf16 at
-      // pp512, bench/quant_gemm_bench), so it keeps those; with VNNI it is one plane.
+      // Q8_0 on AVX2 runs the int8 GEMM too, with signed weights and the sign trick
+      // (matmul_qgemm_impl.h); it used f32 tiles over dequantized panels while its GEMM split
+      // u = w + 128 into two nibble planes.
       const QuantGemm path = quant_gemm_path();
       // Decode / verification over Q8_0 / Q4_0 / Q5_0 (two rows per vpdpbusd, blocks unpacked
       // once for up to 6 tokens) and Q4_K / Q6_K (a row's 256-block as four zmm in element
@@ -154,9 +154,7 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
       // Those f32 panels from kQGemmMinM tokens on (not only from kDequantMinM), so that every
       // quantized path changes kernel, and rounding, at the same call size: a prompt's tokens
       // get bit-identical rows in any call of >= kQGemmMinM tokens (PrefillSplit.*).
-      if (M >= cpu::kQGemmMinM && wt == WType::Q8_0 && path == QuantGemm::Avx2)
-        return cpu::matmul_raw_tiles_avx2(x, w, wt, bias, y, M, N, K);
-      if (M >= cpu::kQGemmMinM && !(wt == WType::Q8_0 && path == QuantGemm::Avx2)) {
+      if (M >= cpu::kQGemmMinM) {
         switch (path) {
           case QuantGemm::AmxBf16: return cpu::matmul_qbf16_amx(x, w, wt, bias, y, M, N, K);
           case QuantGemm::AmxInt8: return cpu::matmul_qgemm_amx(x, w, wt, bias, y, M, N, K);

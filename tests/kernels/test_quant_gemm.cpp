@@ -414,11 +414,11 @@ TEST(QuantGemm, DispatchAndEnvCap) {
 // engine splits prompts into steps (prefill_chunk), serves prefixes from the cache and batches
 // requests together, and an exact prefix hit should give the cold prefill's logits. Every
 // quantized path, for every type, against the rows of one 200-token call: sub-batches of 1..100
-// tokens at several offsets (across kQGemmMinM and the token tiles). The int8 paths (avx2 but
-// its Q8_0, avxvnni, avx512vnni, amxint8) quantize activations per token and block at every M,
-// so their rows agree up to f32 summation order (1e-5 of sum |x w|). The paths that round to bf16
-// (avx512bf16, amxbf16) or dequantize to f32 panels (avx2's Q8_0) from kQGemmMinM tokens, or
-// from kDequantMinM (off), give another rounding to the same token in a smaller call: bounded here
+// tokens at several offsets (across kQGemmMinM and the token tiles). The int8 paths (avx2,
+// avxvnni, avx512vnni, amxint8) quantize activations per token and block at every M, so their
+// rows agree up to f32 summation order (1e-5 of sum |x w|). The paths that round to bf16
+// (avx512bf16, amxbf16) from kQGemmMinM tokens, or dequantize to f32 panels from kDequantMinM
+// (off), give another rounding to the same token in a smaller call: bounded here
 // (measured 2026-12-04: 1.2e-3 to 2.0e-3 of sum |x w|), and why an exact prefix-cache hit can
 // move a near-tie token on those paths (docs/chunk-reuse.md, "Batch invariance").
 TEST(QuantGemm, TokenRowsDoNotDependOnTheBatch) {
@@ -464,7 +464,7 @@ TEST(QuantGemm, TokenRowsDoNotDependOnTheBatch) {
             if (e > worst) worst = e, worst_m = m0 + i, worst_len = len;
           }
       }
-      const bool int8_path = (q == QuantGemm::Avx2 && wt != WType::Q8_0) || q == QuantGemm::AvxVnni ||
+      const bool int8_path = q == QuantGemm::Avx2 || q == QuantGemm::AvxVnni ||
                              q == QuantGemm::Avx512Vnni || q == QuantGemm::AmxInt8;
       EXPECT_LT(worst, int8_path ? 1e-5 : 5e-3) << "path " << quant_gemm_name(q) << ", " << wtype_name(wt) << " " << N << "x" << K << ": token " << worst_m
                              << " in a call of " << worst_len << " tokens differs from the same token in a call of "

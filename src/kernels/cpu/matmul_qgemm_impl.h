@@ -18,8 +18,13 @@
 // The 4 bytes of q at k-quad g are broadcast to 8 lanes, so one maddubs / dpbusd multiplies them
 // with the 8 rows at once; the weight vector is loaded once for MR tokens, the activation once
 // for the 8 rows. AVX2: 4-bit values sum up to 8 maddubs results in int16 before one madd (pair
-// sums <= 2 * 15 * 127, times 8 < 2^15); 5-bit 4, 6-bit 2; Q8_0's u (0..255) is split into two
-// nibble planes (u = lo + 16 hi). VNNI: vpdpbusd sums into int32 directly, one plane.
+// sums <= 2 * 15 * 127, times 8 < 2^15); 5-bit 4, 6-bit 2. Q8_0 on AVX2 keeps the signed w (no
+// zero point) in two planes, |w| and w, for the sign trick: maddubs(|w|, sign(q, w)) (pair sums
+// <= 2 * 128 * 127 < 2^15, |q| <= 127 by the activation quantizer), then madd into int32 per
+// k-quad -- two multiplies per 4 k, as the nibble-plane split it replaced, with one fewer add
+// and without the int16 planes' 16x recombination (issue 28: AVX2 q8_0 prefill 0.74x
+// ik_llama.cpp's AVX2 build, which does the same). VNNI: vpdpbusd sums into int32 directly, one
+// plane of u = w + 128.
 // Q6_K's per-16 scales: AVX2 multiplies them in madd (mul, int16 lanes of row r = its scale,
 // then A = d), VNNI keeps two int32 sums per block and scales them in f32 (Ah = d * scale);
 // its zero point (32 * scale) differs per half, so it multiplies the half-block sums sh.
@@ -100,8 +105,13 @@ inline __m256i q5_high(const uint8_t* qh) {
   switch (wt) {
     case WType::Q8_0: {
       const float d = h2f(b);
+#if KVB_QG_VNNI
       s.u = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), _mm256_set1_epi8(char(0x80)));
       return uni(d, -128.0f * d);
+#else
+      s.u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));  // signed: the sign trick
+      return uni(d, 0.0f);
+#endif
     }
     case WType::Q4_0: {
       const float d = h2f(b);
@@ -218,10 +228,9 @@ void pack_panel_t(const uint8_t* w, int64_t N, int64_t K, int64_t n0, uint8_t* b
     if (np == 1) {
       for (int g = 0; g < 8; ++g) _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32 * g), v[g]);
     } else {
-      const __m256i m4 = _mm256_set1_epi8(0x0F);
-      for (int g = 0; g < 8; ++g) {
-        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32 * g), _mm256_and_si256(v[g], m4));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 256 + 32 * g), _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4));
+      for (int g = 0; g < 8; ++g) {  // Q8_0 on AVX2: |w|, then w
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32 * g), _mm256_abs_epi8(v[g]));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 256 + 32 * g), v[g]);
       }
     }
   }
@@ -334,23 +343,25 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i s32[MR];
     if constexpr (NP == 2) {
-      __m256i lo[MR], hi[MR];
+      // Q8_0, the sign trick: plane 0 |w|, plane 1 w; activation quads spread by vpshufd as below.
       KVB_QG_UNROLL
-      for (int g = 0; g < 8; ++g) {
-        const __m256i wl = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 32 * g));
-        const __m256i wh = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 256 + 32 * g));
+      for (int t = 0; t < MR; ++t) s32[t] = _mm256_setzero_si256();
+      KVB_QG_UNROLL
+      for (int h = 0; h < 2; ++h) {
         KVB_QG_UNROLL
         for (int t = 0; t < MR; ++t) {
-          const __m256i x = _mm256_set1_epi32(load4(xr[t] + b * 32 + 4 * g));
-          const __m256i pl = _mm256_maddubs_epi16(wl, x), ph = _mm256_maddubs_epi16(wh, x);
-          lo[t] = g == 0 ? pl : _mm256_add_epi16(lo[t], pl);
-          hi[t] = g == 0 ? ph : _mm256_add_epi16(hi[t], ph);
+          const __m256i xv = _mm256_broadcastsi128_si256(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr[t] + b * 32 + 16 * h)));
+          KVB_QG_UNROLL
+          for (int q = 0; q < 4; ++q) {
+            const int g = 4 * h + q;
+            const __m256i wa = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 32 * g));
+            const __m256i ws = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 256 + 32 * g));
+            const __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(quad_of(xv, q), ws));
+            s32[t] = _mm256_add_epi32(s32[t], _mm256_madd_epi16(p, ones));
+          }
         }
       }
-      const __m256i sixteen = _mm256_set1_epi16(16);
-      KVB_QG_UNROLL
-      for (int t = 0; t < MR; ++t)
-        s32[t] = _mm256_add_epi32(_mm256_madd_epi16(lo[t], ones), _mm256_madd_epi16(hi[t], sixteen));
     } else {
       // Activation quads from one 16-byte load per half block, spread by vpshufd: a dword
       // broadcast from memory per quad (vpbroadcastd m32) runs ~20% slower on Zen 3 (the
