@@ -93,6 +93,10 @@ class BlockPool {
   int64_t n_used() const { return n_blocks() - n_free_; }
   int64_t n_cached() const { return int64_t(map_.size()); }
   int64_t n_evictions() const { return n_evictions_; }  // cached blocks reused for new data
+  // 1 + the highest block id ever allocated. Blocks never allocated are handed out in id order
+  // (the free list starts 0 .. n-1 and freed blocks go to its tail, behind all of them), so
+  // [0, high_water) is exactly the set of blocks whose memory has been used.
+  int64_t high_water() const { return high_water_; }
 
   std::optional<BlockId> allocate();  // head of the free list, ref count 1; nullopt when empty
   // All or nothing: appends n blocks to *out, or returns false and changes nothing.
@@ -130,6 +134,7 @@ class BlockPool {
   std::unordered_map<uint64_t, BlockId> map_;
   uint64_t next_reg_ = 1;
   int64_t n_evictions_ = 0;
+  int64_t high_water_ = 0;
 };
 
 // ---- tensor storage ----------------------------------------------------------------------------
@@ -179,6 +184,10 @@ class PagedKvStorage {
   const float* v_block(int64_t layer, BlockId b) const { return layout().v_block(layer, b); }
 
   void copy_block(BlockId src, BlockId dst);   // all layers, K and V (copy-on-write)
+  // Commits the memory of blocks [first, first + n) (all layers, K and V) without changing what
+  // it holds (MADV_POPULATE_WRITE), so that a later request's first write to them does not
+  // fault page by page. False where the kernel refuses (before Linux 5.14): nothing changes.
+  bool prefault(BlockId first, int64_t n);
   std::vector<IoPiece> block_pieces(BlockId b);  // layer 0 K, layer 0 V, layer 1 K, ...
 
  private:

@@ -25,6 +25,7 @@ struct ServeArgs {
   int threads = 0;
   int64_t block_size = 16;
   std::string kv_budget, cold_dir;
+  int64_t kv_prefault = EngineOptions{}.kv_prefault_tokens;
   std::string weight_budget = "0";
   std::string head_quant = "auto";
   std::string device = "cpu";
@@ -75,6 +76,8 @@ void run_serve(const ServeArgs& a) {
   if (!a.kv_budget.empty()) eopt.kv_budget_bytes = parse_bytes(a.kv_budget, "--kv-budget");
   else if (a.ctx_size > 0) eopt.kv_budget_bytes = kv_bytes_for_tokens(dir, a.ctx_size, a.block_size);
   else eopt.kv_budget_bytes = default_kv_budget(dir, a.max_batch, a.block_size);
+  if (a.kv_prefault < 0) fail("--kv-prefault ", a.kv_prefault, ": expected a token count >= 0 (0: off)");
+  eopt.kv_prefault_tokens = a.kv_prefault;
 
   eopt.cold_dir = a.cold_dir;
   eopt.load.weight_budget = parse_weight_budget(a.weight_budget);
@@ -172,6 +175,9 @@ void add_serve(CLI::App& app) {
   c->add_option("--block-size", a->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("--kv-budget", a->kv_budget, "Bytes of KV memory, e.g. 512MiB (default: max-batch whole contexts, at most 2GiB)");
   c->add_option("--kv-cold-dir", a->cold_dir, "Spill KV blocks beyond --kv-budget to a file in this directory");
+  c->add_option("--kv-prefault", a->kv_prefault,
+                "Tokens of KV memory kept committed ahead of use, in idle time, so new requests do not fault pages in "
+                "(default 8192; 0: commit only on use)");
   c->add_option("--weight-budget", a->weight_budget, kWeightBudgetHelp);
   c->add_option("--head-quant", a->head_quant, kHeadQuantHelp)->capture_default_str();
   c->add_option("--device", a->device, kDeviceHelp)->capture_default_str();

@@ -2,6 +2,7 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack (header and library: one package)
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cassert>
 
 #include "kvboost/kv.h"
@@ -76,6 +77,7 @@ std::optional<BlockId> BlockPool::allocate() {
     ++n_evictions_;
   }
   blocks_[size_t(b)].ref_count = 1;
+  high_water_ = std::max<int64_t>(high_water_, int64_t(b) + 1);
   return b;
 }
 

@@ -40,6 +40,11 @@ PagedKvStorage::PagedKvStorage(int64_t n_blocks, int64_t block_size, int64_t n_l
   if (p == MAP_FAILED)
     fail("PagedKvStorage: mmap of ", bytes_, " bytes failed: ", std::strerror(errno));
   base_ = static_cast<float*>(p);
+  // Transparent huge pages where the kernel offers them (THP "madvise" mode, Debian's default):
+  // the pool is touched first by a request's copy-ins and prefill, and with 4 KiB pages a
+  // re-ordered RAG prompt of ~1,900 tokens faulted in ~60 MB page by page -- a third of its
+  // time to first token on Gemma 3 270M (perf, 2026-12-05). Advice only: ignored where refused.
+  (void)::madvise(p, bytes_, MADV_HUGEPAGE);
   for (int64_t l = 0; l < n_layers; ++l) {
     k_ptrs_.push_back(base_ + pool_offset(l, 0));
     v_ptrs_.push_back(base_ + pool_offset(l, 1));
@@ -74,6 +79,25 @@ PagedKvStorage& PagedKvStorage::operator=(PagedKvStorage&& o) noexcept {
 }
 
 PagedKvStorage::~PagedKvStorage() { release(); }
+
+bool PagedKvStorage::prefault(BlockId first, int64_t n) {
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14 (Debian 12's headers predate it)
+#endif
+  if (!base_ || first < 0 || n <= 0 || first >= n_blocks_) return false;
+  n = std::min<int64_t>(n, n_blocks_ - first);
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const size_t per = size_t(block_floats()) * sizeof(float);
+  for (int64_t l = 0; l < n_layers_; ++l)
+    for (int kv = 0; kv < 2; ++kv) {
+      // Whole pages inside the range only: a page shared with a neighbouring block may be in use,
+      // and populating is harmless for it anyway, but the range must be page-aligned.
+      const uintptr_t a = reinterpret_cast<uintptr_t>(base_ + pool_offset(l, kv)) + uintptr_t(first) * per;
+      const uintptr_t lo = (a + page - 1) & ~(page - 1), hi = (a + size_t(n) * per) & ~(page - 1);
+      if (hi > lo && ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE) != 0) return false;
+    }
+  return true;
+}
 
 void PagedKvStorage::release() {
   if (base_) ::munmap(base_, bytes_);

@@ -123,6 +123,27 @@ bool Engine::Impl::has_work() const {
   return !waiting_.empty() || !running_.empty();
 }
 
+bool Engine::Impl::idle_work() {
+  if (opt_.kv_prefault_tokens <= 0 || !opt_.cold_dir.empty() || prefault_failed_) return false;
+  int64_t first, n;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t want = std::min(store_->n_blocks(), kv_->pool().high_water() + (opt_.kv_prefault_tokens + block_size_ - 1) / block_size_);
+    first = std::max(prefaulted_, kv_->pool().high_water());
+    // A slice of about 8 MiB: a request that arrives meanwhile waits at most that long.
+    n = std::min<int64_t>(want - first, std::max<int64_t>(1, int64_t((size_t(8) << 20) / store_->block_bytes())));
+  }
+  if (n <= 0) return false;
+  // Blocks at or above high_water were never handed out, so nothing reads or writes them now;
+  // a block handed out meanwhile is only populated, never changed.
+  if (!store_->prefault(kv::BlockId(first), n)) {
+    prefault_failed_ = true;
+    return false;
+  }
+  prefaulted_ = first + n;
+  return true;
+}
+
 GenerateResult Engine::Impl::generate(std::string_view prompt, const GenerateOptions& opt) {
   return generate_ids(tok_.encode(prompt, opt.add_special), opt);
 }

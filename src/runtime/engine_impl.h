@@ -33,6 +33,7 @@ struct Engine::Impl {
   std::shared_ptr<Request> submit(std::vector<int32_t> prompt_ids, GenerateOptions opt);
   StepStats step();
   bool has_work() const;
+  bool idle_work();
   kv::KvStats kv_stats() const;
   SpecStats spec_stats() const;
   GuardCalibration guard_calibration() const;
@@ -106,6 +107,8 @@ struct Engine::Impl {
   reuse::Guard guard_;
   std::string guard_file_;
   kv::SeqId next_seq_ = 1;
+  int64_t prefaulted_ = 0;        // KV blocks [0, prefaulted_) committed by idle_work
+  bool prefault_failed_ = false;  // the kernel refused MADV_POPULATE_WRITE: idle_work stops
 };
 
 }  // namespace kvboost

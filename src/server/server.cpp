@@ -61,12 +61,16 @@ void Server::Impl::count(const std::string& endpoint, int status) {
 }
 
 void Server::Impl::scheduler_loop() {
+  bool idle_pending = true;
   for (;;) {
     {
       std::unique_lock<std::mutex> l(sched_mu);
       // The timeout is a safety net: a request finished by another thread's step (Engine::generate
       // callers) is still reaped.
-      sched_cv.wait_for(l, std::chrono::milliseconds(50), [&] { return sched_stop || sched_wake || engine.has_work(); });
+      // Idle: the engine's idle work (committing the KV memory the next requests will write) in
+      // slices, looking for requests between them; the wait only when it has none left.
+      const auto wait = idle_pending ? std::chrono::milliseconds(0) : std::chrono::milliseconds(50);
+      sched_cv.wait_for(l, wait, [&] { return sched_stop || sched_wake || engine.has_work(); });
       sched_wake = false;
       if (sched_stop && !engine.has_work()) {
         l.unlock();
@@ -92,6 +96,14 @@ void Server::Impl::scheduler_loop() {
       }
     }
     reap();
+    idle_pending = false;
+    if (!stepped && !sched_stop) {
+      try {
+        idle_pending = engine.idle_work();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "kvboost serve: idle work failed: %s\n", e.what());
+      }
+    }
     if (stepped && opt.step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(opt.step_delay_ms));
   }
 }

@@ -95,6 +95,41 @@ TEST(BlockPool, BlocksForBudget) {
   EXPECT_EQ(BlockPool::blocks_for_budget(size_t(1) << 30, 16, 24, 2, 64), 2730);
 }
 
+TEST(BlockPool, HighWaterCountsBlocksEverHandedOut) {
+  BlockPool pool(4, 4);
+  EXPECT_EQ(pool.high_water(), 0);
+  pool.allocate();
+  pool.allocate();
+  EXPECT_EQ(pool.high_water(), 2);
+  pool.unref(0);  // freed blocks go behind the never-used ones...
+  pool.unref(1);
+  EXPECT_EQ(pool.allocate(), 2);  // ...so untouched memory is handed out in id order
+  EXPECT_EQ(pool.high_water(), 3);
+  pool.allocate();
+  pool.allocate();  // block 0 again
+  EXPECT_EQ(pool.high_water(), 4);
+}
+
+// prefault commits memory without changing it: blocks already written keep their values, the
+// rest read as zeros, and a range past the pool is clipped or refused.
+TEST(PagedKvStorage, PrefaultKeepsContents) {
+  PagedKvStorage st(64, 16, 3, 2, 64);  // 16 KiB per block and layer: whole pages
+  for (int64_t l = 0; l < 3; ++l) {
+    st.k_block(l, 5)[7] = 1.5f + float(l);
+    st.v_block(l, 6)[0] = -2.0f;
+  }
+  if (!st.prefault(0, 64)) GTEST_SKIP() << "MADV_POPULATE_WRITE not supported by this kernel";
+  EXPECT_TRUE(st.prefault(60, 100));  // clipped to the pool
+  EXPECT_FALSE(st.prefault(64, 1));
+  EXPECT_FALSE(st.prefault(-1, 1));
+  for (int64_t l = 0; l < 3; ++l) {
+    EXPECT_EQ(st.k_block(l, 5)[7], 1.5f + float(l));
+    EXPECT_EQ(st.v_block(l, 6)[0], -2.0f);
+    EXPECT_EQ(st.k_block(l, 63)[st.block_floats() - 1], 0.0f);
+    EXPECT_EQ(st.v_block(l, 0)[0], 0.0f);
+  }
+}
+
 TEST(BlockHash, ChainsParentTokensAndNamespace) {
   const std::vector<int32_t> a{1, 2, 3, 4}, b{1, 2, 3, 5};
   const uint64_t root = namespace_root_hash("");

@@ -115,3 +115,29 @@ TEST(Engine, KeepSpecialTokensInText) {
   EXPECT_NE(kept.text.find("<unk>"), std::string::npos) << kept.text;
   EXPECT_EQ(kept.text.size(), dropped.text.size() + 2 * std::string("<unk>").size()) << kept.text << " | " << dropped.text;
 }
+
+// Idle work commits KV memory a bounded distance ahead of the blocks used, then stops; it
+// changes no output (the blocks it touches hold nothing yet), and 0 turns it off.
+TEST(Engine, IdleWorkPrefaultsAheadThenStops) {
+  KVBOOST_REQUIRE_PATH(stories());
+  GenerateOptions g;
+  g.max_new_tokens = 24;
+  EngineOptions off;
+  off.kv_prefault_tokens = 0;
+  auto e0 = Engine::load(stories(), off);
+  EXPECT_FALSE(e0->idle_work());
+  const std::string want = e0->generate("Once upon a time", g).text;
+
+  EngineOptions on;
+  on.kv_prefault_tokens = 4096;
+  on.kv_budget_bytes = size_t(64) << 20;  // room past the frontier
+  auto e = Engine::load(stories(), on);
+  int calls = 0;
+  while (e->idle_work() && calls < 100000) ++calls;
+  EXPECT_GT(calls, 0);
+  EXPECT_FALSE(e->idle_work());  // nothing left until blocks are used
+  EXPECT_EQ(e->generate("Once upon a time", g).text, want);
+  EXPECT_TRUE(e->idle_work());   // the used blocks moved the frontier
+  while (e->idle_work()) {}
+  EXPECT_EQ(e->generate("Once upon a time", g).text, want);
+}
