@@ -139,9 +139,6 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
     // The scalar path is the same integer algorithm (not matmul_ref), so KVBOOST_ISA=scalar
     // runs what a CPU without AVX2 runs.
     if (active_isa() >= Isa::Avx2) {
-      // Q8_0 on AVX2 runs the int8 GEMM too, with signed weights and the sign trick
-      // (matmul_qgemm_impl.h); it used f32 tiles over dequantized panels while its GEMM split
-      // u = w + 128 into two nibble planes.
       const QuantGemm path = quant_gemm_path();
       // Decode / verification over Q8_0 / Q4_0 / Q5_0 (two rows per vpdpbusd, blocks unpacked
       // once for up to 6 tokens) and Q4_K / Q6_K (a row's 256-block as four zmm in element
@@ -151,9 +148,9 @@ void matmul(const float* x, const void* w, WType wt, const float* bias, float* y
           path >= QuantGemm::Avx512Vnni &&
           active_isa() >= Isa::Avx512 && cpu_features().avx512vnni)
         return cpu::gemv_q_avx512vnni(x, w, wt, bias, y, M, N, K);
-      // Those f32 panels from kQGemmMinM tokens on (not only from kDequantMinM), so that every
-      // quantized path changes kernel, and rounding, at the same call size: a prompt's tokens
-      // get bit-identical rows in any call of >= kQGemmMinM tokens (PrefillSplit.*).
+      // Every quantized path changes kernel, and rounding, at the same call size, kQGemmMinM
+      // tokens: a prompt's tokens get bit-identical rows in any call of >= kQGemmMinM tokens
+      // (PrefillSplit.*). Below it: the GEMV / small-M tiles.
       if (M >= cpu::kQGemmMinM) {
         switch (path) {
           case QuantGemm::AmxBf16: return cpu::matmul_qbf16_amx(x, w, wt, bias, y, M, N, K);

@@ -15,6 +15,10 @@
 
 #include "kvboost/kv.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; Debian 12's glibc headers predate it
+#endif
+
 namespace kvboost::kv {
 
 // ---- PagedKvStorage ----------------------------------------------------------------------------
@@ -81,17 +85,13 @@ PagedKvStorage& PagedKvStorage::operator=(PagedKvStorage&& o) noexcept {
 PagedKvStorage::~PagedKvStorage() { release(); }
 
 bool PagedKvStorage::prefault(BlockId first, int64_t n) {
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14 (Debian 12's headers predate it)
-#endif
   if (!base_ || first < 0 || n <= 0 || first >= n_blocks_) return false;
   n = std::min<int64_t>(n, n_blocks_ - first);
   const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
   const size_t per = size_t(block_floats()) * sizeof(float);
   for (int64_t l = 0; l < n_layers_; ++l)
     for (int kv = 0; kv < 2; ++kv) {
-      // Whole pages inside the range only: a page shared with a neighbouring block may be in use,
-      // and populating is harmless for it anyway, but the range must be page-aligned.
+      // madvise takes page-aligned bounds: the pages wholly inside the range.
       const uintptr_t a = reinterpret_cast<uintptr_t>(base_ + pool_offset(l, kv)) + uintptr_t(first) * per;
       const uintptr_t lo = (a + page - 1) & ~(page - 1), hi = (a + size_t(n) * per) & ~(page - 1);
       if (hi > lo && ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE) != 0) return false;

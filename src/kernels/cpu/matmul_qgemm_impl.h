@@ -19,12 +19,10 @@
 // with the 8 rows at once; the weight vector is loaded once for MR tokens, the activation once
 // for the 8 rows. AVX2: 4-bit values sum up to 8 maddubs results in int16 before one madd (pair
 // sums <= 2 * 15 * 127, times 8 < 2^15); 5-bit 4, 6-bit 2. Q8_0 on AVX2 keeps the signed w (no
-// zero point) in two planes, |w| and w, for the sign trick: maddubs(|w|, sign(q, w)) (pair sums
-// <= 2 * 128 * 127 < 2^15, |q| <= 127 by the activation quantizer), then madd into int32 per
-// k-quad -- two multiplies per 4 k, as the nibble-plane split it replaced, with one fewer add
-// and without the int16 planes' 16x recombination (issue 28: AVX2 q8_0 prefill 0.74x
-// ik_llama.cpp's AVX2 build, which does the same). VNNI: vpdpbusd sums into int32 directly, one
-// plane of u = w + 128.
+// zero point: u = w + 128 would overflow maddubs' int16 pairs) in two planes, |w| and w, for the
+// sign trick: maddubs(|w|, sign(q, w)) (pair sums <= 2 * 128 * 127 < 2^15, |q| <= 127 by the
+// activation quantizer), then madd into int32 per k-quad. VNNI: vpdpbusd sums into int32
+// directly, one plane of u = w + 128.
 // Q6_K's per-16 scales: AVX2 multiplies them in madd (mul, int16 lanes of row r = its scale,
 // then A = d), VNNI keeps two int32 sums per block and scales them in f32 (Ah = d * scale);
 // its zero point (32 * scale) differs per half, so it multiplies the half-block sums sh.
@@ -67,7 +65,7 @@ inline TypeInfo type_info(WType wt) {
     default: return {4, false};
   }
 }
-// Planes of u per block: Q8_0 on AVX2 is split into two nibble planes.
+// Planes per block: Q8_0 on AVX2 has two, |w| and w (the sign trick above).
 inline int planes_of(WType wt) { return (!KVB_QG_VNNI && type_info(wt).bits == 8) ? 2 : 1; }
 
 // Byte layout of one packed block (8 rows x 32 k):
