@@ -209,6 +209,36 @@ TEST(QuantGemm, Avx2MatchesIntReference) {
   }
 }
 
+// The int16 pair bound of AVX2's Q8_0 (|w| times the xor-flipped activation, matmul_qgemm_impl.h):
+// weights of -128 and 127 next to activations that quantize to +127 and -127 reach pairs of
+// exactly -32768 and 32512; a saturating or overflowing pair would be off by thousands of units.
+TEST(QuantGemm, Avx2Q8_0ExtremePairsExact) {
+  if (!(cpu_features().avx2 && cpu_features().fma && cpu_features().f16c)) GTEST_SKIP() << "no AVX2";
+  IsaGuard g;
+  const int64_t M = 6, N = 9, K = 256, nb = K / 32;
+  std::vector<uint8_t> w(size_t(N * nb * 34));
+  const int8_t pats[4][2] = {{-128, -128}, {127, 127}, {-128, 127}, {-127, -128}};
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* p = w.data() + (n * nb + b) * 34;
+      put_f16(p, 0.01f * float(1 + (n + b) % 3));
+      for (int k = 0; k < 32; ++k) p[2 + k] = uint8_t(pats[(n + b + k / 2) % 4][k % 2]);
+    }
+  std::vector<float> x(size_t(M * K));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) x[size_t(m * K + k)] = (m % 3 == 0) ? 1.0f : (m % 3 == 1) ? -1.0f : ((k / 2) % 2 ? 1.0f : -1.0f);
+  std::vector<float> ref(size_t(M * N)), got(size_t(M * N));
+  cpu::matmul_q_int_ref(x.data(), w.data(), WType::Q8_0, nullptr, ref.data(), M, N, K);
+  const std::vector<double> mag = magnitudes(x, w, WType::Q8_0, M, N, K);
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    std::fill(got.begin(), got.end(), -1.0f);
+    cpu::matmul_qgemm_avx2(x.data(), w.data(), WType::Q8_0, nullptr, got.data(), M, N, K);
+    for (size_t i = 0; i < ref.size(); ++i)
+      EXPECT_NEAR(got[i], ref[i], 2e-5 * mag[i] + 1e-6) << "out " << i << ", " << threads << " threads";
+  }
+}
+
 #ifdef KVB_TEST_SIMDE
 TEST(QuantGemm, VnniEmulatedMatchesIntReference) {
   if (!(cpu_features().avx2 && cpu_features().fma && cpu_features().f16c)) GTEST_SKIP() << "no AVX2";

@@ -19,9 +19,14 @@
 // with the 8 rows at once; the weight vector is loaded once for MR tokens, the activation once
 // for the 8 rows. AVX2: 4-bit values sum up to 8 maddubs results in int16 before one madd (pair
 // sums <= 2 * 15 * 127, times 8 < 2^15); 5-bit 4, 6-bit 2. Q8_0 on AVX2 keeps the signed w (no
-// zero point: u = w + 128 would overflow maddubs' int16 pairs) in two planes, |w| and w, for the
-// sign trick: maddubs(|w|, sign(q, w)) (pair sums <= 2 * 128 * 127 < 2^15, |q| <= 127 by the
-// activation quantizer), then madd into int32 per k-quad. VNNI: vpdpbusd sums into int32
+// zero point: u = w + 128 would overflow maddubs' int16 pairs) as two planes, |w| and the sign
+// mask m (0xFF where w < 0), and flips the activation by xor instead of vpsignb:
+//     q ^ m = q where w >= 0, -q - 1 where w < 0,   so   sum |w| (q ^ m) = sum w q - c,
+// c = sum of |w| over the block's negative weights: a per-row constant of the weights, stored at
+// pack time and used as the int32 sum's start value. vpsignb shares the multiply pipes with
+// maddubs and madd on Zen 4 (three ops there per k-quad and token), the xor does not. Pairs stay
+// within int16: |w| <= 128 and q ^ m in [-128, 127] (|q| <= 127 by the activation quantizer), so
+// a pair is in [-32768, 32512]. Then madd into int32 per k-quad. VNNI: vpdpbusd sums into int32
 // directly, one plane of u = w + 128.
 // Q6_K's per-16 scales: AVX2 multiplies them in madd (mul, int16 lanes of row r = its scale,
 // then A = d), VNNI keeps two int32 sums per block and scales them in f32 (Ah = d * scale);
@@ -50,6 +55,15 @@ constexpr int kRows = 8;  // rows per panel
 #define KVB_QG_UNROLL _Pragma("GCC unroll 8")
 #endif
 
+// Pins v in a register at this point of the sum chain. GCC's reassociation otherwise turns an
+// unrolled chain of integer adds into a balanced tree over all 32 products of a block and tile,
+// which needs 32 live vectors and spills them (seen in the Q8_0 tile's disassembly).
+#if defined(__GNUC__) && !defined(KVB_QG_NO_ASM)
+#define KVB_QG_KEEP(v) __asm__("" : "+x"(v))
+#else
+#define KVB_QG_KEEP(v) (void)0
+#endif
+
 inline float h2f(const uint8_t* p) { return f16_to_f32(uint16_t(p[0] | (uint16_t(p[1]) << 8))); }
 
 // Per-type facts: bits of u, whether Q6_K-style per-half scales are used.
@@ -65,13 +79,14 @@ inline TypeInfo type_info(WType wt) {
     default: return {4, false};
   }
 }
-// Planes per block: Q8_0 on AVX2 has two, |w| and w (the sign trick above).
+// Planes per block: Q8_0 on AVX2 has two, |w| and the sign mask (the xor flip above).
 inline int planes_of(WType wt) { return (!KVB_QG_VNNI && type_info(wt).bits == 8) ? 2 : 1; }
 
 // Byte layout of one packed block (8 rows x 32 k):
 //   u      planes * 256 bytes: plane p, k-quad g at 256p + 32g
 //   A[2][8] f32  (Ah: per half; both halves equal except Q6_K on VNNI)
-//   B[2][8] f32  (zero-point factor per half; equal halves except Q6_K)
+//   B[2][8] f32  (zero-point factor per half; equal halves except Q6_K; Q8_0 on AVX2: int32
+//                 c of each row in B[0][r], the xor flip's correction)
 //   D[8]    f32  (Q6_K on AVX2: d, the scale applied after the int16 multipliers)
 //   mul[2][16] int16 (Q6_K on AVX2: the per-16 scale of row r in lanes 2r, 2r + 1)
 inline int64_t block_bytes(WType wt) { return 256 * planes_of(wt) + 64 + 64 + 32 + 64; }
@@ -219,6 +234,13 @@ void pack_panel_t(const uint8_t* w, int64_t N, int64_t K, int64_t n0, uint8_t* b
       decode_sub(wt, w + size_t(n0 + r) * rb + size_t(b / subs) * size_t(bb), int(b % subs), s);
       v[r] = s.u;
       A[r] = s.a[0], A[8 + r] = s.a[1], B[r] = s.bz[0], B[8 + r] = s.bz[1], D[r] = s.d;
+      if (np == 2) {  // Q8_0 on AVX2: c = sum of |w| where w < 0 (psadbw: byte sums per 8 bytes)
+        const __m256i neg = _mm256_and_si256(_mm256_abs_epi8(v[r]), _mm256_cmpgt_epi8(_mm256_setzero_si256(), v[r]));
+        const __m256i sad = _mm256_sad_epu8(neg, _mm256_setzero_si256());
+        const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+        const int32_t c = int32_t(_mm_cvtsi128_si32(h) + _mm_extract_epi32(h, 2));
+        std::memcpy(B + r, &c, 4);
+      }
       mul[2 * r] = mul[2 * r + 1] = s.mul[0];
       mul[16 + 2 * r] = mul[16 + 2 * r + 1] = s.mul[1];
     }
@@ -226,9 +248,9 @@ void pack_panel_t(const uint8_t* w, int64_t N, int64_t K, int64_t n0, uint8_t* b
     if (np == 1) {
       for (int g = 0; g < 8; ++g) _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32 * g), v[g]);
     } else {
-      for (int g = 0; g < 8; ++g) {  // Q8_0 on AVX2: |w|, then w
+      for (int g = 0; g < 8; ++g) {  // Q8_0 on AVX2: |w|, then the sign mask
         _mm256_store_si256(reinterpret_cast<__m256i*>(o + 32 * g), _mm256_abs_epi8(v[g]));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 256 + 32 * g), v[g]);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(o + 256 + 32 * g), _mm256_cmpgt_epi8(_mm256_setzero_si256(), v[g]));
       }
     }
   }
@@ -341,23 +363,26 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i s32[MR];
     if constexpr (NP == 2) {
-      // Q8_0, the sign trick: plane 0 |w|, plane 1 w; activation quads spread by vpshufd as below.
+      // Q8_0, the xor flip: plane 0 |w|, plane 1 the sign mask, the int32 sums start at c (B).
+      // Quad-major: the two weight vectors of a k-quad are loaded once for the MR tokens and
+      // each token's quad comes by a dword broadcast from memory (a load, no shuffle).
+      // Token-major with a 16-byte load and vpshufd per quad (the other types' loop below) ran
+      // out of the 16 ymm registers here (two planes are twice the weight vectors): GCC kept
+      // the 16 weight vectors across the tokens and spilled them, and each quad cost one more
+      // ALU op (the shuffle).
+      const __m256i c = _mm256_load_si256(reinterpret_cast<const __m256i*>(B));
       KVB_QG_UNROLL
-      for (int t = 0; t < MR; ++t) s32[t] = _mm256_setzero_si256();
+      for (int t = 0; t < MR; ++t) s32[t] = c;
       KVB_QG_UNROLL
-      for (int h = 0; h < 2; ++h) {
+      for (int g = 0; g < 8; ++g) {
+        const __m256i wa = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 32 * g));
+        const __m256i ws = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 256 + 32 * g));
         KVB_QG_UNROLL
         for (int t = 0; t < MR; ++t) {
-          const __m256i xv = _mm256_broadcastsi128_si256(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr[t] + b * 32 + 16 * h)));
-          KVB_QG_UNROLL
-          for (int q = 0; q < 4; ++q) {
-            const int g = 4 * h + q;
-            const __m256i wa = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 32 * g));
-            const __m256i ws = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 256 + 32 * g));
-            const __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(quad_of(xv, q), ws));
-            s32[t] = _mm256_add_epi32(s32[t], _mm256_madd_epi16(p, ones));
-          }
+          const __m256i x = _mm256_set1_epi32(load4(xr[t] + b * 32 + 4 * g));
+          const __m256i p = _mm256_maddubs_epi16(wa, _mm256_xor_si256(x, ws));
+          s32[t] = _mm256_add_epi32(s32[t], _mm256_madd_epi16(p, ones));
+          KVB_QG_KEEP(s32[t]);
         }
       }
     } else {
@@ -398,7 +423,7 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
         const float* sh = act.sh + (m0 + t) * 2 * nb + 2 * b;
         accf[t] = _mm256_fmadd_ps(bv, _mm256_broadcast_ss(sh), accf[t]);
         accf[t] = _mm256_fmadd_ps(_mm256_load_ps(B + 8), _mm256_broadcast_ss(sh + 1), accf[t]);
-      } else {
+      } else if constexpr (NP == 1) {  // Q8_0's signed weights have no zero point (B = 0)
         accf[t] = _mm256_fmadd_ps(bv, _mm256_broadcast_ss(a.s + ab), accf[t]);
       }
     }
