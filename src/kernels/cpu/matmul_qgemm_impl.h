@@ -404,6 +404,7 @@ inline void tile(const Act& act, int64_t m0, const uint8_t* pb, int64_t blk_byte
             const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb + 32 * g));
             const __m256i p = _mm256_maddubs_epi16(w, quad_of(xv, q));
             s16[t] = g % F == 0 ? p : _mm256_add_epi16(s16[t], p);
+            KVB_QG_KEEP(s16[t]);
             if (g % F == F - 1) {
               __m256i m;
               if constexpr (HALVES) m = _mm256_madd_epi16(s16[t], _mm256_load_si256(reinterpret_cast<const __m256i*>(mul + 16 * (g / 4))));
