@@ -37,13 +37,16 @@ RANKS = {
                      # ladder's cost model, the adaptive guard (uses kv and common; the engine applies it)
     "grammar": 3,    # GBNF / JSON-schema token masks (over the tokenizer's vocabulary)
     "model": 4,      # config, weight formats, architectures (arch/), forward pass over K/V views
-    "gpu": 5,        # the CUDA decoder (binds a model's weight files)
-    "runtime": 5,    # engine: scheduling, prefill/decode, reuse, sampling, stop strings
+    # gpu ranks below runtime: it is the device backend of the engine's model runner (the paged
+    # device runner, kvboost/gpu.h PagedRunner), as model is its CPU backend; it knows block ids
+    # (kv) and weights (model), never the scheduler. docs/gpu.md "Module layering".
+    "gpu": 5,        # the CUDA decoder and the engine's paged device runner (binds a model's weight files)
     "testing": 5,    # kvboost_testing: fixture writer for tests, tools and the CLI demo
-    "server": 6,     # OpenAI-compatible HTTP server
-    "cli": 7,        # the kvboost command
-    "python": 7,     # the _kvboost module
-    "tools": 7,      # kvboost-fixture and other generators
+    "runtime": 6,    # engine: scheduling, prefill/decode, reuse, sampling, stop strings
+    "server": 7,     # OpenAI-compatible HTTP server
+    "cli": 8,        # the kvboost command
+    "python": 8,     # the _kvboost module
+    "tools": 8,      # kvboost-fixture and other generators
 }
 
 # Headers of include/kvboost/ that belong to a module other than their own name says.

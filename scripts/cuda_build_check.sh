@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compile-only check of the CUDA backend (-DKVBOOST_CUDA=ON), so that it cannot rot on machines
 # without a GPU. By default it compiles the files that only a CUDA build compiles (the
-# kernels, the GPU decoder, the device probe, NCCL, the attention benchmark, the kernel tests)
+# kernels, the GPU decoder, the engine's paged device runner and its weight layout, the device
+# probe, NCCL, the attention benchmark, the kernel tests)
 # and nothing else: test_gpu and gpu_stream_bench are
 # the same sources in every build (the CPU build compiles them against the stub), and linking
 # would first compile the ~40 files of common/kernels/tokenizer/model again. KVBOOST_CUDA_CHECK_FULL=1
@@ -32,7 +33,10 @@ else
     src/gpu/CMakeFiles/kvboost_cuda_kernels.dir/__/kernels/cuda/kernels.cu.o \
     src/gpu/CMakeFiles/kvboost_cuda_kernels.dir/__/kernels/cuda/attention.cu.o \
     src/gpu/CMakeFiles/kvboost_cuda_kernels.dir/__/kernels/cuda/quant.cu.o \
+    src/gpu/CMakeFiles/kvboost_cuda_kernels.dir/__/kernels/cuda/paged_kv.cu.o \
     src/gpu/CMakeFiles/kvboost_gpu.dir/gpu_decoder.cpp.o \
+    src/gpu/CMakeFiles/kvboost_gpu.dir/device_weights.cpp.o \
+    src/gpu/CMakeFiles/kvboost_gpu.dir/paged_runner.cpp.o \
     src/kernels/CMakeFiles/kvboost_kernels.dir/device.cpp.o \
     bench/CMakeFiles/gpu_attention_bench.dir/gpu_attention_bench.cpp.o \
     tests/gpu/CMakeFiles/test_gpu_kernels.dir/test_gpu_kernels.cpp.o

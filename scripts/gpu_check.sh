@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA backend's device check: GPU kernel tests (elementwise, GEMV, paged FA2 prefill, split-K
-# decode, AWQ int4 GEMV / dequant + cuBLAS), GPU-vs-CPU decoder tests (every dtype, AWQ), the
+# decode, AWQ int4 GEMV / dequant + cuBLAS, the paged K/V write / gather / re-rotation / plain
+# attention), GPU-vs-CPU decoder tests (every dtype, AWQ), the engine on the device against the
+# engine on the CPU (tests/gpu/test_engine_device.cpp, with TTFT under chunk reuse), the
 # layer streaming benchmark (bench/gpu_stream_bench.cpp, also on a 7B-shaped AWQ model with a
 # quarter of its layers on the device) and FA2 vs naive attention at 4K/16K
 # (bench/gpu_attention_bench.cpp), on a machine with an NVIDIA GPU. docs/gpu.md lists what each
@@ -90,7 +92,14 @@ step "test_gpu_kernels (CUDA kernels vs CPU references)"
 timeout 120 "$bin/test_gpu_kernels" --gtest_output="xml:$out/test_gpu_kernels.xml" || rc=1
 
 step "test_gpu (GPU decoder vs CPU decoder, stories260K greedy, streamed == resident)"
-timeout 180 "$bin/test_gpu" --gtest_output="xml:$out/test_gpu.xml" || rc=1
+timeout 180 "$bin/test_gpu" --gtest_filter='-EngineDevice.*' --gtest_output="xml:$out/test_gpu.xml" || rc=1
+
+# Issue 29: the engine on the device (gpu::PagedRunner under the scheduler, prefix cache,
+# continuous batching, chunk copy-in with re-rotation) against the engine on the CPU, and the
+# TTFT with chunk reuse on the GPU (EngineDevice.TtftWithChunkReusePrinted prints it).
+step "test_gpu EngineDevice.* (the engine on cuda vs on cpu; TTFT with chunk reuse)"
+timeout 300 "$bin/test_gpu" --gtest_filter='EngineDevice.*' --gtest_output="xml:$out/test_engine_device.xml" \
+  | tee "$out/test_engine_device.txt" || rc=1
 
 if [[ "${KVBOOST_GPU_CHECK_BENCH:-1}" == "1" ]]; then
   models=/tmp/kvboost_gpu_models
@@ -138,9 +147,9 @@ if [[ "${KVBOOST_GPU_CHECK_BENCH:-1}" == "1" ]]; then
   timeout 300 "$bin/gpu_stream_bench" --model "$models/awq7b" --prompt 256 --context 128 --decode 16 --reps 3 \
     --slots 0 | tee "$out/gpu_stream_bench_awq7b.txt" || rc=1
 
-  # TTFT with chunk reuse on the GPU needs the engine's CUDA runner (docs/gpu.md: not built yet):
-  # nothing to run here until `kvboost bench reuse --device cuda` loads.
-  step "TTFT with chunk reuse on the GPU: not built (the engine runs on the CPU only; docs/gpu.md)"
+  # TTFT with chunk reuse on the GPU: printed by EngineDevice.TtftWithChunkReusePrinted above
+  # (`kvboost bench reuse` has no --device yet).
+  grep '^TTFT on' "$out/test_engine_device.txt" || echo "TTFT with chunk reuse: not printed (see the EngineDevice step)"
 fi
 
 if [[ "${KVBOOST_GPU_CHECK_SANITIZE:-1}" == "1" ]]; then
@@ -150,6 +159,8 @@ if [[ "${KVBOOST_GPU_CHECK_SANITIZE:-1}" == "1" ]]; then
     timeout 100 "$san" --tool memcheck --error-exitcode 3 "$bin/test_gpu_kernels" --gtest_brief=1 || rc=1
     timeout 100 "$san" --tool memcheck --error-exitcode 3 "$bin/test_gpu" --gtest_brief=1 \
       --gtest_filter='GpuDecoder.Qwen2Bf16BiasMatchesCpu:GpuDecoder.StreamedIsBitIdenticalToResident' || rc=1
+    timeout 200 "$san" --tool memcheck --error-exitcode 3 "$bin/test_gpu" --gtest_brief=1 \
+      --gtest_filter='EngineDevice.Stories260KGreedyAndLogitsMatchCpu:EngineDevice.ReorderedChunkCopyInOnTheDevice:EngineDevice.ContinuousBatchingOnTheDevice' || rc=1
   fi
 fi
 

@@ -1,7 +1,9 @@
 // kvboost/gpu.h — the optional CUDA backend: a GPU decoder for the Llama family (llama, mistral,
 // qwen2, qwen3) with its weights either all resident on the device or streamed layer by layer
 // from pinned host memory through a few device slots (models larger than the device's weight
-// budget). Uses kvboost/model.h.
+// budget), and the engine's paged device runner (PagedRunner: the forward passes of the
+// engine's scheduler over device K/V pools indexed by the kv manager's block ids) with its
+// host-side pass planning. Uses kvboost/model.h and kvboost/kv_layout.h (block ids).
 //
 // The API exists in every build. A build without -DKVBOOST_CUDA=ON answers every call that needs
 // the device with Error "built without CUDA (-DKVBOOST_CUDA=ON)"; built_with_cuda() and
@@ -11,9 +13,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "kvboost/kv_layout.h"
 #include "kvboost/model.h"
 
 namespace kvboost::gpu {
@@ -159,5 +163,149 @@ struct StreamTimeline {
 };
 StreamTimeline simulate_layer_stream(const StreamPlan& plan, const std::vector<uint64_t>& layer_bytes,
                                      double h2d_bytes_per_s, const std::vector<double>& compute_s, int passes = 3);
+
+// ---- the engine's paged device runner (issue 29; docs/gpu.md "The engine on a CUDA device") ----
+// The runtime's ModelRunner (src/runtime/runner.h) hands its passes here when the engine runs on
+// a CUDA device. The device holds the weights (uploaded once: F32/F16/BF16 as stored, AWQ layers
+// packed as Q4_Z / Q4_Z128) and one K pool and one V pool laid out as the CPU's
+// (PoolLayout below), so the block ids the CPU KvCacheManager hands out index the device pools
+// directly and nothing above the runner changes. The planning is plain host code in every build
+// (src/gpu/pass_plan.cpp, tested without a device); the runner itself is CUDA-only
+// (src/gpu/paged_runner.cpp) and answers "built without CUDA" otherwise.
+
+// Where block b, row r of `layer` lives in a device pool: one allocation per K and per V of
+// [n_layers][n_blocks][block_size][n_kv_heads][head_dim] f32 (the CPU pools' layout per layer,
+// the layers back to back). Offsets are in floats.
+struct PoolLayout {
+  int64_t n_layers = 0, n_blocks = 0, block_size = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t row() const { return n_kv_heads * head_dim; }            // floats per position
+  int64_t block_floats() const { return block_size * row(); }      // per layer, K or V
+  int64_t layer_floats() const { return n_blocks * block_floats(); }
+  uint64_t pool_bytes() const { return uint64_t(n_layers * layer_floats()) * sizeof(float); }  // K or V
+  int64_t offset(int64_t layer, kv::BlockId b, int64_t r = 0) const {
+    return layer * layer_floats() + (int64_t(b) * block_size + r) * row();
+  }
+};
+
+// A run of positions [pos0 + t, pos0 + t + m) that lies in one block: pool row `slot`
+// (block * block_size + first row) onward. What row copies and key rotations iterate over.
+struct SlotRun {
+  int64_t slot = 0, t = 0, m = 0;
+  bool operator==(const SlotRun& o) const { return slot == o.slot && t == o.t && m == o.m; }
+};
+// The runs of positions [pos0, pos0 + n) under `table`. Error naming the position when the
+// table is too short, an entry is a cold block (kv::kColdBlock: not resident on the device) or a
+// block id outside [0, n_blocks).
+std::vector<SlotRun> slot_runs(std::span<const kv::BlockId> table, int64_t block_size, int64_t n_blocks, int64_t pos0,
+                               int64_t n);
+
+// One sequence's share of a device pass: SeqBatch (kvboost/model.h) with the block table in
+// place of the K/V view.
+struct PagedSeq {
+  const int32_t* tokens = nullptr;     // [n]
+  const int32_t* positions = nullptr;  // [n] increasing; nullptr: n_past, n_past + 1, ...
+  int64_t n = 0;
+  int64_t n_past = 0;                  // used only when positions == nullptr
+  std::span<const kv::BlockId> block_table;  // the sequence's (KvCacheManager::block_table)
+  float* logits = nullptr;             // [n_logits, vocab]: the last n_logits rows; nullptr: none
+  int64_t n_logits = 1;
+};
+
+// Which attention kernel a run of n_q queries uses: the FlashAttention-2 prefill kernel, the
+// split-K decode kernel (a few queries over many keys: the keys are split across CTAs), or a
+// plain one-warp-per-(query, head) kernel for head dims the tiled kernels do not take (not a
+// multiple of 32 in 32..256: stories260K's 8).
+enum class AttnKernel : uint8_t { Flash, SplitK, Simple };
+constexpr int64_t kSplitKMaxQueries = 8;
+AttnKernel attention_kernel_for(int64_t n_q, int64_t head_dim);
+
+// A contiguous run of positions of one sequence among the pass's rows: one attention call
+// (queries pos0 .. pos0 + n - 1 over keys [0, pos0 + n) of the sequence's table at table_off).
+struct PassRun {
+  int64_t seq = 0, row0 = 0, n = 0, pos0 = 0, table_off = 0;
+  AttnKernel kernel = AttnKernel::Flash;
+};
+
+// Everything one device pass uploads and launches, planned on the host (plan_pass).
+struct PassPlan {
+  int64_t n_rows = 0;
+  std::vector<int32_t> tokens;      // [n_rows], the sequences' tokens back to back
+  std::vector<int32_t> positions;   // [n_rows]
+  std::vector<int64_t> slots;       // [n_rows] pool row of each row's K/V: block * block_size + p % block_size
+  std::vector<int32_t> tables;      // each sequence's block table entries [0, ceil((last position + 1) / bs))
+  std::vector<int64_t> table_off;   // [n_seqs] where each sequence's entries start in `tables`
+  std::vector<PassRun> runs;
+  std::vector<int64_t> logit_rows;  // rows whose logits are computed, sequence by sequence
+  std::vector<int64_t> logit_count; // [n_seqs] of them per sequence (0: no logits)
+  int64_t max_split_k_queries = 0;  // the largest SplitK run (its workspace)
+  int64_t max_split_k_keys = 0;     // the longest key range of a SplitK run
+};
+// Errors name the sequence and index: no tokens, a token outside [0, vocab), positions not
+// increasing, a position past the block table or on a cold or out-of-pool block.
+PassPlan plan_pass(const PagedSeq* seqs, int64_t n_seqs, const PoolLayout& pool, int64_t vocab);
+
+// The pinned staging buffer one pass uploads in a single copy: tokens (i32), slots (i64), block
+// tables (i32), logit rows (i64), RoPE cos and sin [n_rows, head_dim / 2] (f32), each piece at a
+// 256-byte aligned offset (the device copy keeps the offsets).
+struct StagingLayout {
+  size_t tokens = 0, slots = 0, tables = 0, logit_rows = 0, cos = 0, sin = 0, bytes = 0;
+};
+StagingLayout staging_layout(int64_t n_rows, int64_t n_table_entries, int64_t n_logit_rows, int64_t head_dim);
+
+// Device scratch of a pass of n_rows rows (elements, f32 unless noted): the residual stream and
+// norm output [n_rows, H], q / attention output [n_rows, n_heads * hd], k / v [n_rows, n_kv * hd],
+// gate / up [n_rows, I], the 16-bit activation copy cuBLAS reads (2-byte elements,
+// n_rows * max(H, I, n_heads * hd)), the gathered logit rows [n_logit_rows, H] and their logits
+// [n_logit_rows, vocab].
+struct PassScratch {
+  int64_t x = 0, q = 0, kv = 0, gate = 0, xh = 0, logit_x = 0, logits = 0;
+};
+PassScratch scratch_for(const ModelConfig& c, int64_t n_rows, int64_t n_logit_rows);
+
+struct PagedRunnerOptions {
+  int device = 0;
+  PoolLayout pool;           // n_blocks and block_size: the CPU KvCacheManager's
+  int64_t rows_hint = 512;   // scratch is sized for this many rows first and grows as passes need
+};
+
+// Errors (at create): built without CUDA; no device; an architecture or config the device pass
+// does not run (gemma3: its sandwich norms, GELU gate, embedding scale and local RoPE base),
+// head_dim above 256; weight dtypes other than F32/F16/BF16 and AutoAWQ 4-bit; not enough device
+// memory for the weights plus both pools (naming the bytes). Not thread-safe: the engine calls
+// it under its lock.
+class PagedRunner {
+ public:
+  static std::unique_ptr<PagedRunner> create(const Model& model, const PagedRunnerOptions& opt);
+  ~PagedRunner();
+  PagedRunner(const PagedRunner&) = delete;
+  PagedRunner& operator=(const PagedRunner&) = delete;
+
+  // As Model::forward_batch over the device pools: every row's K/V into its slot, attention per
+  // run over its sequence's table, logits of the requested rows copied to the host.
+  void forward_batch(const PagedSeq* seqs, int64_t n_seqs);
+  // Copy-on-write of a block: all layers, K and V.
+  void copy_block(kv::BlockId src, kv::BlockId dst);
+  // Rows [pos0, pos0 + n) of `layer` under `table` from / to host k, v [n, row] f32 (either may
+  // be null: that half is left alone).
+  void write_rows(int64_t layer, std::span<const kv::BlockId> table, int64_t pos0, int64_t n, const float* k,
+                  const float* v);
+  void read_rows(int64_t layer, std::span<const kv::BlockId> table, int64_t pos0, int64_t n, float* k, float* v);
+  // kv::KvLayout::rotate_keys on the device: the stored keys of rows [pos0, pos0 + n) of `layer`
+  // re-rotated by delta positions with the model's RoPE frequencies (cos / sin of delta computed
+  // on the host as kernels::rope_shift does).
+  void rotate_keys(int64_t layer, std::span<const kv::BlockId> table, int64_t pos0, int64_t n, int64_t delta);
+  // The K/V of `rows`, [row][layer][K row, V row] (ModelRunner::snapshot_rows' layout).
+  std::vector<float> snapshot_rows(std::span<const kv::BlockId> table, std::span<const int64_t> rows);
+
+  const PoolLayout& pool() const;
+  size_t device_weight_bytes() const;
+  int64_t passes() const;  // forward passes run
+
+  struct Impl;
+
+ private:
+  explicit PagedRunner(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace kvboost::gpu

@@ -219,9 +219,11 @@ struct LoadOptions {
   // turns it off whatever this says (A/B runs of one binary).
   bool pack_weights = true;
   std::function<void(const std::string& stage, size_t done, size_t total)> progress;
-  // Where the forward pass runs (--device): the CPU by default. A CUDA device is checked at load
-  // (kernels::require_device: built without CUDA, no device, index past the count are Errors
-  // naming the device); docs/gpu.md says what runs on it so far.
+  // Where the forward pass runs (--device): the CPU by default. A CUDA device is the engine's
+  // (Engine::load checks it first -- kernels::require_device: built without CUDA, no device,
+  // index past the count are Errors naming the device -- and runs its passes through the device
+  // runner); Model::load itself checks it too and then refuses it, since Model's own forward
+  // passes are CPU code. docs/gpu.md says what runs on the device.
   kernels::Device device;
 };
 

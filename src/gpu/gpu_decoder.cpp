@@ -21,16 +21,12 @@
 #include <optional>
 #include <vector>
 
-#include "../kernels/cuda/cuda_kernels.h"
-#include "../model/arch.h"
-#include "../model/awq.h"
-#include "kvboost/gpu.h"
-#include "kvboost/model_files.h"
+#include "device_weights.h"
 
 namespace kvboost::gpu {
 
-using cuda::check;
-using kernels::WType;
+// The weight layout and buffers (device_weights.h), shared with the engine's paged runner.
+using namespace dev;
 
 bool built_with_cuda() { return true; }
 
@@ -45,130 +41,10 @@ int device_count() {
 
 namespace {
 
-void require_device(int device) {
-  const int n = device_count();
-  if (n == 0) fail("GPU: no CUDA device is visible (cudaGetDeviceCount found none)");
-  if (device < 0 || device >= n) fail("GPU: device ", device, " does not exist (", n, " visible)");
-  check(cudaSetDevice(device), "cudaSetDevice");
-}
-
-// A device allocation freed on destruction.
-struct DevBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  DevBuf() = default;
-  explicit DevBuf(size_t n) : bytes(n) {
-    if (n) check(cudaMalloc(&p, n), "cudaMalloc");
-  }
-  DevBuf(DevBuf&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr, o.bytes = 0; }
-  DevBuf& operator=(DevBuf&& o) noexcept {
-    std::swap(p, o.p), std::swap(bytes, o.bytes);
-    return *this;
-  }
-  ~DevBuf() {
-    if (p) cudaFree(p);
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-
-// Pinned (page-locked) host memory, so that cudaMemcpyAsync is a true DMA overlapping compute.
-struct HostBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  HostBuf() = default;
-  explicit HostBuf(size_t n) : bytes(n) {
-    if (n) check(cudaHostAlloc(&p, n, cudaHostAllocDefault), "cudaHostAlloc");
-  }
-  HostBuf(HostBuf&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr, o.bytes = 0; }
-  HostBuf& operator=(HostBuf&& o) noexcept {
-    std::swap(p, o.p), std::swap(bytes, o.bytes);
-    return *this;
-  }
-  ~HostBuf() {
-    if (p) cudaFreeHost(p);
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
-
-WType wtype_of(const TensorInfo& t) {
-  if (t.dtype == "F32") return WType::F32;
-  if (t.dtype == "F16") return WType::F16;
-  if (t.dtype == "BF16") return WType::BF16;
-  fail(t.file, ": tensor \"", t.name, "\" has dtype ", t.dtype, " (the GPU decoder takes F32, F16, BF16)");
-}
-
-const TensorInfo& tensor(const WeightFiles& f, const std::string& dir, const std::string& name,
-                         const std::vector<int64_t>& shape) {
-  const TensorInfo* t = f.find(name);
-  if (!t) fail(dir, ": weight \"", name, "\" is missing");
-  if (t->shape != shape) fail(t->file, ": tensor \"", name, "\" does not have the shape the config implies");
-  wtype_of(*t);
-  return *t;
-}
-
-// An AutoAWQ gemm layer in place of `<base>.weight` (qweight [in, out/8] I32, qzeros
-// [in/group, out/8] I32, scales [in/group, out] F16): repacked at load into Q4_Z128 (group a
-// multiple of 128) or Q4_Z rows, read packed by cuda::gemv_q4 / matmul_q4 (4 bits on the wire
-// when streamed).
-struct AwqTensors {
-  const TensorInfo *qweight = nullptr, *qzeros = nullptr, *scales = nullptr;
-  int64_t group = 0;
-  WType wt = WType::Q4_Z;
-};
-
-std::optional<AwqTensors> awq_of(const WeightFiles& f, const std::string& dir, const std::string& weight_name,
-                                 int64_t rows, int64_t cols) {
-  if (f.find(weight_name) || weight_name.size() < 7) return std::nullopt;
-  const std::string base = weight_name.substr(0, weight_name.size() - 7);  // minus ".weight"
-  AwqTensors a;
-  a.qweight = f.find(base + ".qweight"), a.qzeros = f.find(base + ".qzeros"), a.scales = f.find(base + ".scales");
-  if (!a.qweight) return std::nullopt;
-  if (!a.qzeros || !a.scales) fail(dir, ": AWQ layer \"", base, "\" lacks qzeros or scales");
-  const int64_t in = cols, out = rows;
-  if (a.qweight->dtype != "I32" || a.qweight->shape != std::vector<int64_t>{in, out / 8} || a.qzeros->dtype != "I32" ||
-      a.qzeros->shape.size() != 2 || a.qzeros->shape[0] <= 0 || in % a.qzeros->shape[0] != 0 || a.scales->dtype != "F16")
-    fail(a.qweight->file, ": AWQ layer \"", base, "\" does not have the shapes and types the config implies");
-  a.group = in / a.qzeros->shape[0];
-  if (a.group % 32 != 0 || out % 8 != 0) fail(a.qweight->file, ": AWQ layer \"", base, "\": group ", a.group, ", out ", out);
-  a.wt = a.group % 128 == 0 ? WType::Q4_Z128 : WType::Q4_Z;
-  return a;
-}
-
-constexpr size_t kAlign = 256;
-size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-// Where a piece of a packed layer lives: byte offset in the block, its dtype.
-struct Piece {
-  size_t off = 0;
-  WType wt = WType::F32;
-  bool present = false;
-};
-
-enum PieceId { kWq, kWk, kWv, kWo, kGate, kUp, kDown, kAttnNorm, kMlpNorm, kQNorm, kKNorm, kQBias, kKBias, kVBias,
-               kOBias, kNumPieces };
-
-struct LayerLayout {
-  Piece piece[kNumPieces];
-  size_t bytes = 0;
-  int64_t window = 0;
-};
-
-// Device pointers of one layer's pieces, from the block's base address.
-struct LayerPtrs {
-  const void* m[7];
-  const float* v[8];
-};
 
 }  // namespace
 
@@ -366,108 +242,6 @@ struct Decoder::Impl {
   }
 };
 
-namespace {
-
-// Layer tensors come from the architecture's table (src/model/arch/*.cpp: the same names and
-// conditions the CPU loader binds), not from names of our own.
-struct LayerEntry {
-  int id;                // PieceId
-  std::string name;      // model.layers.<l>.<hf name>
-  int64_t rows, cols;    // cols 0: a vector of `rows` elements
-};
-
-std::vector<LayerEntry> layer_entries(const ModelConfig& c, int64_t l) {
-  using arch::Role;
-  const arch::Arch* a = arch::find(c.model_type);
-  if (!a) fail("GPU decoder: model_type \"", c.model_type, "\" has no architecture");
-  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
-  const int64_t nq = c.n_heads * hd, nkv = c.n_kv_heads * hd;
-  const std::string p = "model.layers." + std::to_string(l) + ".";
-  std::vector<LayerEntry> out;
-  for (const arch::LayerTensor& t : a->tensors) {
-    if (t.when == arch::When::AttentionBias && !c.attention_bias) continue;
-    const std::string name = p + t.hf;
-    switch (t.role) {
-      case Role::Wq: out.push_back({kWq, name, nq, H}); break;
-      case Role::Wk: out.push_back({kWk, name, nkv, H}); break;
-      case Role::Wv: out.push_back({kWv, name, nkv, H}); break;
-      case Role::Wo: out.push_back({kWo, name, H, nq}); break;
-      case Role::Gate: out.push_back({kGate, name, I, H}); break;
-      case Role::Up: out.push_back({kUp, name, I, H}); break;
-      case Role::Down: out.push_back({kDown, name, H, I}); break;
-      case Role::AttnNorm: out.push_back({kAttnNorm, name, H, 0}); break;
-      case Role::MlpNorm: out.push_back({kMlpNorm, name, H, 0}); break;
-      case Role::QNorm: out.push_back({kQNorm, name, hd, 0}); break;
-      case Role::KNorm: out.push_back({kKNorm, name, hd, 0}); break;
-      case Role::QBias: out.push_back({kQBias, name, nq, 0}); break;
-      case Role::KBias: out.push_back({kKBias, name, nkv, 0}); break;
-      case Role::VBias: out.push_back({kVBias, name, nkv, 0}); break;
-      case Role::OBias: out.push_back({kOBias, name, H, 0}); break;
-      case Role::PostAttnNorm:
-      case Role::PostMlpNorm:
-        fail("GPU decoder: model_type ", c.model_type, " has sandwich norms (", t.hf, "), not supported on the GPU yet");
-    }
-  }
-  return out;
-}
-
-// Packs layer l into `dst` (layout.bytes bytes) from the files.
-void pack_layer(const WeightFiles& f, const std::string& dir, const ModelConfig& c, int64_t l, const LayerLayout& lay,
-                uint8_t* dst) {
-  for (const LayerEntry& e : layer_entries(c, l)) {
-    if (e.cols > 0) {
-      if (const auto a = awq_of(f, dir, e.name, e.rows, e.cols)) {
-        std::vector<uint8_t> q4z(size_t(e.rows * (e.cols / 32) * 20));
-        awq::repack_q4z(static_cast<const int32_t*>(a->qweight->data), static_cast<const int32_t*>(a->qzeros->data),
-                        static_cast<const uint16_t*>(a->scales->data), e.cols, e.rows, a->group, q4z.data());
-        if (a->wt == WType::Q4_Z128) awq::q4z_to_q4z128(q4z.data(), e.rows, e.cols, dst + lay.piece[e.id].off);
-        else std::memcpy(dst + lay.piece[e.id].off, q4z.data(), q4z.size());
-        continue;
-      }
-      const TensorInfo& t = tensor(f, dir, e.name, {e.rows, e.cols});
-      std::memcpy(dst + lay.piece[e.id].off, t.data, t.nbytes);
-    } else {
-      const TensorInfo& t = tensor(f, dir, e.name, {e.rows});
-      kernels::to_f32(t.data, wtype_of(t), reinterpret_cast<float*>(dst + lay.piece[e.id].off), e.rows);
-    }
-  }
-}
-
-LayerLayout layout_of(const WeightFiles& f, const std::string& dir, const ModelConfig& c, int64_t l) {
-  LayerLayout lay;
-  size_t off = 0;
-  const std::vector<LayerEntry> entries = layer_entries(c, l);
-  for (const LayerEntry& e : entries) {  // matrices first, then the f32 vectors
-    if (e.cols == 0) continue;
-    if (const auto a = awq_of(f, dir, e.name, e.rows, e.cols)) {
-      lay.piece[e.id] = Piece{off, a->wt, true};
-      off = align_up(off + size_t(e.rows) * size_t(kernels::wtype_row_bytes(a->wt, e.cols)));
-      continue;
-    }
-    const TensorInfo& t = tensor(f, dir, e.name, {e.rows, e.cols});
-    lay.piece[e.id] = Piece{off, wtype_of(t), true};
-    off = align_up(off + t.nbytes);
-  }
-  for (const LayerEntry& e : entries) {
-    if (e.cols != 0) continue;
-    lay.piece[e.id] = Piece{off, WType::F32, true};
-    off = align_up(off + size_t(e.rows) * 4);
-  }
-  for (int id : {kWq, kWk, kWv, kWo, kGate, kUp, kDown, kAttnNorm, kMlpNorm})
-    if (!lay.piece[id].present) fail("GPU decoder: model_type ", c.model_type, "'s tensor table lacks a tensor the layer needs");
-  lay.bytes = off;
-  lay.window = c.layer_window.empty() ? 0 : c.layer_window[size_t(l)];
-  return lay;
-}
-
-// A whole tensor on the device, as stored.
-DevBuf upload(const TensorInfo& t) {
-  DevBuf d(t.nbytes);
-  check(cudaMemcpy(d.p, t.data, t.nbytes, cudaMemcpyHostToDevice), "cudaMemcpy(weights)");
-  return d;
-}
-
-}  // namespace
 
 Decoder::Decoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Decoder::~Decoder() = default;

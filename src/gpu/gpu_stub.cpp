@@ -32,4 +32,30 @@ const DecoderStats& Decoder::stats() const { no_cuda("Decoder::stats"); }
 void Decoder::reset_stats() { no_cuda("Decoder::reset_stats"); }
 double Decoder::time_layer_copies(int) { no_cuda("Decoder::time_layer_copies"); }
 
+// The engine's device runner: create is the one entry point (the others are unreachable
+// without an instance, but answer the same).
+struct PagedRunner::Impl {};
+PagedRunner::PagedRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PagedRunner::~PagedRunner() = default;
+std::unique_ptr<PagedRunner> PagedRunner::create(const Model&, const PagedRunnerOptions& o) {
+  fail("device cuda:", o.device, ": kvboost was built without CUDA (-DKVBOOST_CUDA=ON)");
+}
+void PagedRunner::forward_batch(const PagedSeq*, int64_t) { no_cuda("PagedRunner::forward_batch"); }
+void PagedRunner::copy_block(kv::BlockId, kv::BlockId) { no_cuda("PagedRunner::copy_block"); }
+void PagedRunner::write_rows(int64_t, std::span<const kv::BlockId>, int64_t, int64_t, const float*, const float*) {
+  no_cuda("PagedRunner::write_rows");
+}
+void PagedRunner::read_rows(int64_t, std::span<const kv::BlockId>, int64_t, int64_t, float*, float*) {
+  no_cuda("PagedRunner::read_rows");
+}
+void PagedRunner::rotate_keys(int64_t, std::span<const kv::BlockId>, int64_t, int64_t, int64_t) {
+  no_cuda("PagedRunner::rotate_keys");
+}
+std::vector<float> PagedRunner::snapshot_rows(std::span<const kv::BlockId>, std::span<const int64_t>) {
+  no_cuda("PagedRunner::snapshot_rows");
+}
+const PoolLayout& PagedRunner::pool() const { no_cuda("PagedRunner::pool"); }
+size_t PagedRunner::device_weight_bytes() const { no_cuda("PagedRunner::device_weight_bytes"); }
+int64_t PagedRunner::passes() const { no_cuda("PagedRunner::passes"); }
+
 }  // namespace kvboost::gpu

@@ -183,9 +183,9 @@ size_t Model::decode_weight_bytes() const {
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& opt) {
   kernels::require_device(opt.device, "device");
-  if (!opt.device.is_cpu())  // docs/gpu.md: the CUDA runner under the engine is not built yet
-    fail("device ", opt.device.name(), ": the engine's forward pass runs on the CPU only in this version; "
-         "the CUDA path is the GPU decoder (kvboost/gpu.h, bench/gpu_stream_bench) -- see docs/gpu.md");
+  if (!opt.device.is_cpu())  // docs/gpu.md: the device runner is the engine's (src/runtime/runner.h)
+    fail("device ", opt.device.name(), ": Model's own forward passes run on the CPU; the engine runs on a CUDA "
+         "device (Engine::load with EngineOptions::load.device, --device) -- see docs/gpu.md");
   std::unique_ptr<Model> model(new Model());
   model->impl_ = std::make_unique<detail::ModelImpl>();
   detail::ModelImpl& m = *model->impl_;

@@ -50,7 +50,10 @@ Engine::Impl::Impl(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& o
     cold_ = std::make_unique<kv::FileColdStore>(opt.cold_dir, store_->block_bytes());
     kv_->attach_cold_tier(store_.get(), cold_.get());
   }
-  runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *store_, cold_ != nullptr);
+  // A CUDA device: the weights go to the device and its pools take the store's shape (the host
+  // store stays the kv manager's bookkeeping twin; its lazily committed pages are never touched).
+  runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *store_, cold_ != nullptr, opt_.load.device,
+                                          opt_.prefill_chunk + opt_.max_batch);
   // Model identity for chunk keys (model_identity, src/model/identity.cpp): a content hash of
   // the weights, architecture, vocabulary and the store's K/V encoding; stored chunks of one
   // model are never used by another. With a disk tier, per-file hashes are remembered beside it.
@@ -89,6 +92,19 @@ Engine::Impl::Impl(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& o
 Engine::Impl::~Impl() = default;
 
 std::unique_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions& opt) {
+  // The device before any file is read: first the options the device runner does not support
+  // yet (a conflict of options, the same answer on every machine), then whether the device is
+  // usable here (kernels::require_device: built without CUDA, no device, an index past the count).
+  const kernels::Device& dev = opt.load.device;
+  if (!dev.is_cpu()) {
+    if (opt.load.weight_budget > 0)
+      fail("device ", dev.name(), ": layer streaming (weight_budget, --weight-budget) is not supported by the "
+           "engine on a CUDA device yet (the device keeps every layer resident)");
+    if (!opt.cold_dir.empty())
+      fail("device ", dev.name(), ": the cold KV tier (cold_dir, --kv-cold-dir) is not supported on a CUDA device "
+           "yet (no device -> host spill)");
+  }
+  kernels::require_device(dev, "device");
   // A GGUF model: tokenizer files beside the .gguf win; without them, the tokenizer stored in it.
   const std::string gguf = gguf_model_file(dir);
   std::string tok_dir = dir;
@@ -101,7 +117,11 @@ std::unique_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions
     const GgufTokenizerFiles t = gguf_tokenizer_files(gguf);
     return Tokenizer::from_json(t.tokenizer_json, t.tokenizer_config_json, gguf + " (tokenizer.ggml.*)");
   }();
-  auto model = Model::load(dir, opt.load);
+  // On a device the host model keeps its config, tokenizer checks, RoPE tables and identity;
+  // its weights are not packed or prefaulted (the device runner reads them from the files).
+  LoadOptions host = opt.load;
+  if (!dev.is_cpu()) host.device = {}, host.pack_weights = false, host.prefault = false;
+  auto model = Model::load(dir, host);
   if (tok.vocab_size() > model->config().vocab_size)
     fail(dir, ": tokenizer.json has ", tok.vocab_size(), " tokens but config.json vocab_size is ",
          model->config().vocab_size);
@@ -124,7 +144,8 @@ bool Engine::Impl::has_work() const {
 }
 
 bool Engine::Impl::idle_work() {
-  if (opt_.kv_prefault_tokens <= 0 || !opt_.cold_dir.empty() || prefault_failed_) return false;
+  // On a device the host pools are never written: nothing to prefault.
+  if (opt_.kv_prefault_tokens <= 0 || !opt_.cold_dir.empty() || prefault_failed_ || runner_->on_device()) return false;
   int64_t first, n;
   {
     std::lock_guard<std::mutex> lock(mu_);

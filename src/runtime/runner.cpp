@@ -1,5 +1,6 @@
 // The model runner (runner.h): plan rows -> SeqBatch / KvView -> Model::forward_batch and
-// Model::forward_blend.
+// Model::forward_blend on the CPU, or plan rows -> gpu::PagedSeq -> gpu::PagedRunner on a CUDA
+// device (the CPU code is unchanged; each method picks its backend once).
 #include "runner.h"
 
 #include <algorithm>
@@ -7,10 +8,24 @@
 
 namespace kvboost {
 
-ModelRunner::ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKvStorage& store, bool cold_tier)
-    : model_(model), kv_(kv), store_(store), cold_(cold_tier) {}
+ModelRunner::ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKvStorage& store, bool cold_tier,
+                         const kernels::Device& device, int64_t rows_hint)
+    : model_(model), kv_(kv), store_(store), cold_(cold_tier), device_(device) {
+  if (device.is_cpu()) return;
+  if (cold_tier)
+    fail("device ", device.name(), ": the cold KV tier (cold_dir) is not supported on a CUDA device yet (no device "
+         "-> host spill); leave cold_dir empty or use --device cpu");
+  gpu::PagedRunnerOptions o;
+  o.device = device.index;
+  o.pool = gpu::PoolLayout{store.n_layers(), store.n_blocks(), store.block_size(), store.n_kv_heads(), store.head_dim()};
+  o.rows_hint = rows_hint;
+  dev_ = gpu::PagedRunner::create(model, o);
+}
+
+ModelRunner::~ModelRunner() = default;
 
 KvView ModelRunner::view(kv::SeqId seq, int64_t n_past) const {
+  if (dev_) fail("device ", device_.name(), ": the K/V live on the device; there is no host view of them");
   KvView v;
   static_cast<kv::KvLayout&>(v) = store_.layout(kv_.block_table(seq).data());
   v.n_past = n_past;
@@ -20,6 +35,23 @@ KvView ModelRunner::view(kv::SeqId seq, int64_t n_past) const {
 }
 
 double ModelRunner::run_batch(std::vector<PlannedRows>& rows) {
+  if (dev_) {
+    dev_batch_.assign(rows.size(), gpu::PagedSeq{});
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const PlannedRows& p = rows[i];
+      gpu::PagedSeq& b = dev_batch_[i];
+      b.tokens = p.tokens.data();
+      b.n = int64_t(p.tokens.size());
+      if (p.decode) b.n_past = p.n_past;
+      else b.positions = p.positions.data();
+      b.block_table = kv_.block_table(p.seq);
+      b.logits = p.logits;
+      b.n_logits = p.n_logits;
+    }
+    const double t0 = now_ms();
+    dev_->forward_batch(dev_batch_.data(), int64_t(dev_batch_.size()));
+    return now_ms() - t0;
+  }
   batch_.assign(rows.size(), SeqBatch{});
   for (size_t i = 0; i < rows.size(); ++i) {
     const PlannedRows& p = rows[i];
@@ -45,6 +77,16 @@ void ModelRunner::copy_in(kv::SeqId seq, const reuse::CopyIn& c, const kv::Chunk
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim;
   const kv::Chunk& ch = *c.chunk;
   const int64_t len = int64_t(ch.tokens.size()), delta = c.begin - ch.pos0, t0 = std::max<int64_t>(0, c.from - c.begin);
+  if (dev_) {  // the same rows into the device pools, keys re-rotated there
+    const std::span<const kv::BlockId> table = kv_.block_table(seq);
+    kbuf_.resize(size_t(len * nkv)), vbuf_.resize(size_t(len * nkv));
+    for (int64_t l = 0; l < cfg.n_layers; ++l) {
+      kv::chunk_get_layer(ch, shape, l, kbuf_.data(), vbuf_.data());
+      dev_->write_rows(l, table, c.begin + t0, len - t0, kbuf_.data() + t0 * nkv, vbuf_.data() + t0 * nkv);
+      dev_->rotate_keys(l, table, c.begin + t0, len - t0, delta);
+    }
+    return;
+  }
   const kv::KvLayout kvl = store_.layout(kv_.block_table(seq).data());
   kbuf_.resize(size_t(len * nkv)), vbuf_.resize(size_t(len * nkv));
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
@@ -57,6 +99,14 @@ void ModelRunner::copy_in(kv::SeqId seq, const reuse::CopyIn& c, const kv::Chunk
 void ModelRunner::read_chunk(kv::SeqId seq, int64_t begin, int64_t len, const kv::ChunkShape& shape, kv::Chunk& out) {
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim;
+  if (dev_) {
+    kbuf_.resize(size_t(len * nkv)), vbuf_.resize(size_t(len * nkv));
+    for (int64_t l = 0; l < cfg.n_layers; ++l) {
+      dev_->read_rows(l, kv_.block_table(seq), begin, len, kbuf_.data(), vbuf_.data());
+      kv::chunk_put_layer(out, shape, l, kbuf_.data(), vbuf_.data());
+    }
+    return;
+  }
   const kv::KvLayout kvl = store_.layout(kv_.block_table(seq).data());
   kbuf_.resize(size_t(len * nkv)), vbuf_.resize(size_t(len * nkv));
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
@@ -66,6 +116,7 @@ void ModelRunner::read_chunk(kv::SeqId seq, int64_t begin, int64_t len, const kv
 }
 
 std::vector<float> ModelRunner::snapshot_rows(kv::SeqId seq, std::span<const int64_t> rows) const {
+  if (dev_) return dev_->snapshot_rows(kv_.block_table(seq), rows);
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim;
   std::vector<float> out(rows.size() * size_t(cfg.n_layers) * size_t(2 * nkv));
@@ -82,6 +133,19 @@ std::vector<float> ModelRunner::snapshot_rows(kv::SeqId seq, std::span<const int
 float ModelRunner::deviation(kv::SeqId seq, std::span<const int64_t> rows, std::span<const float> snapshot) const {
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim;
+  if (dev_) {  // the rows now, fetched from the device in the snapshot's layout; the same sums
+    const std::vector<float> now = dev_->snapshot_rows(kv_.block_table(seq), rows);
+    double sum = 0;
+    const int64_t n_terms = int64_t(rows.size()) * cfg.n_layers;
+    for (int64_t i = 0; i < 2 * n_terms; ++i) {
+      const float* fresh = now.data() + i * nkv;
+      const float* old = snapshot.data() + i * nkv;
+      double d = 0, f = 0;
+      for (int64_t j = 0; j < nkv; ++j) d += double(fresh[j] - old[j]) * double(fresh[j] - old[j]), f += double(fresh[j]) * double(fresh[j]);
+      sum += f > 0 ? d / f : 0;
+    }
+    return float(sum / double(std::max<int64_t>(1, n_terms)));
+  }
   const kv::KvLayout lay = store_.layout(kv_.block_table(seq).data());
   const float* cached = snapshot.data();
   double sum = 0;
@@ -102,6 +166,9 @@ float ModelRunner::deviation(kv::SeqId seq, std::span<const int64_t> rows, std::
 }
 
 BlendStats ModelRunner::run_blend(const PlannedBlend& b, double* ms) {
+  if (dev_)
+    fail("device ", device_.name(), ": CacheBlend repair (reuse mode blend) does not run on a CUDA device yet; use "
+         "another reuse mode or --device cpu");
   const double t0 = now_ms();
   const BlendStats bs = model_.forward_blend(b.tokens, b.n, view(b.seq, b.n_past), b.opts, b.logits);
   *ms = now_ms() - t0;

@@ -5,11 +5,18 @@
 // paged pools and times the passes.
 // It reads block tables from the kv manager but never allocates; with a cold tier, the view's
 // kv::Pager (kvboost/kv_layout.h) makes each attention range resident before it is read.
+//
+// Two backends, chosen once at construction: the CPU (the model's forward passes over the host
+// pools of kv::PagedKvStorage; the default) and a CUDA device (gpu::PagedRunner, kvboost/gpu.h:
+// device weights and device pools indexed by the same block ids). Each method switches on the
+// backend once per call, never inside a loop over rows or layers' kernels. What the device
+// backend does not run is an Error naming it and the device (docs/gpu.md).
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "kvboost/gpu.h"
 #include "kvboost/kv.h"
 #include "kvboost/model.h"
 #include "kvboost/reuse.h"
@@ -19,12 +26,22 @@ namespace kvboost {
 
 class ModelRunner {
  public:
-  ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKvStorage& store, bool cold_tier);
+  // device: the CPU, or a CUDA device (the weights are uploaded here, the device pools take
+  // store's shape; rows_hint sizes the device scratch of a pass). Errors for a device: see
+  // gpu::PagedRunner::create, and a cold tier (no device spill yet).
+  ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKvStorage& store, bool cold_tier,
+              const kernels::Device& device = {}, int64_t rows_hint = 512);
+  ~ModelRunner();
+  bool on_device() const { return dev_ != nullptr; }
 
   // A sequence's K/V as the model sees them: the pools, its block table, n_past stored tokens.
+  // The host pools: Error on a device (nothing on the device reads a host view).
   KvView view(kv::SeqId seq, int64_t n_past) const;
   // Copy-on-write of a shared block, all layers, K and V.
-  void copy_block(const kv::CopyOp& c) { store_.copy_block(c.src, c.dst); }
+  void copy_block(const kv::CopyOp& c) {
+    if (dev_) dev_->copy_block(c.src, c.dst);
+    else store_.copy_block(c.src, c.dst);
+  }
   // A reuse plan's copy-in: a stored chunk's rows into the sequence's slots, keys re-rotated
   // from the chunk's position to the new one.
   void copy_in(kv::SeqId seq, const reuse::CopyIn& c, const kv::ChunkShape& shape);
@@ -39,7 +56,7 @@ class ModelRunner {
   // The step's batched pass over plan.batch; returns its wall time in ms. Throws what the model
   // throws (the engine fails every request of the pass).
   double run_batch(std::vector<PlannedRows>& rows);
-  // One CacheBlend repair pass; *ms gets its wall time.
+  // One CacheBlend repair pass; *ms gets its wall time. Error on a device (not built there yet).
   BlendStats run_blend(const PlannedBlend& b, double* ms);
 
  private:
@@ -47,6 +64,9 @@ class ModelRunner {
   kv::KvCacheManager& kv_;
   kv::PagedKvStorage& store_;
   bool cold_;
+  kernels::Device device_;
+  std::unique_ptr<gpu::PagedRunner> dev_;  // null: the CPU backend
+  std::vector<gpu::PagedSeq> dev_batch_;   // scratch, reused across steps
   std::vector<SeqBatch> batch_;  // scratch, reused across steps
   std::vector<float> kbuf_, vbuf_;
 };

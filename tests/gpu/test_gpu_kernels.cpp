@@ -387,3 +387,59 @@ TEST(CudaKernels, DequantQ4AndPrefillMatmulMatchReference) {
     cublasDestroy(h);
   }
 }
+
+// ---- the engine's paged K/V on the device (paged_kv.cu) ----
+
+// The plain paged attention (head dims the tiled kernels do not take: stories260K's 8, 48, and
+// 64 as a cross-check) against the scalar reference, f32 pools: a prefill of 40 queries after 9
+// cached tokens and one decode query, windows 0 and 5.
+TEST(CudaKernels, PagedAttentionSimpleMatchesReference) {
+  REQUIRE_DEVICE();
+  for (int64_t hd : {8, 48, 64})
+    for (int64_t window : {int64_t(0), int64_t(5)})
+      for (auto [n_q, q_pos0] : {std::pair<int64_t, int64_t>{40, 9}, std::pair<int64_t, int64_t>{1, 77}}) {
+        const AttnCase c{WType::F32, hd, 8, 4, n_q, q_pos0, window, 4};
+        const int64_t n_kv = q_pos0 + n_q;
+        const Pools p = make_pools(WType::F32, n_kv, c.bs, c.nkv, hd, 31);
+        const auto q = randv(size_t(n_q * c.nh * hd), 32);
+        const auto want = attn_ref(c, p, q, n_kv);
+        Dev dq(q), dk(p.kf), dv(p.vf), dt(p.table), dout(want.size() * 4);
+        cuda::paged_attention_simple(dq.f(), dk.f(), dv.f(), static_cast<const int32_t*>(dt.p), dout.f(), n_q, q_pos0,
+                                     n_kv, c.bs, c.nh, c.nkv, hd, window, 1.0f / std::sqrt(float(hd)), nullptr);
+        const std::string what = "simple hd " + std::to_string(hd) + " window " + std::to_string(window) + " n_q " +
+                                 std::to_string(n_q);
+        expect_close(dout.get(want.size()), want, 2e-5, what.c_str());
+      }
+}
+
+// The K/V write into scattered slots, the row gather, and key re-rotation against
+// kernels::rope_shift (the cos / sin table computed as the runner does).
+TEST(CudaKernels, KvWriteGatherAndRopeShift) {
+  REQUIRE_DEVICE();
+  const int64_t row = 2 * 16, n = 5, pool_rows = 12;
+  const auto k = randv(size_t(n * row), 41), v = randv(size_t(n * row), 42);
+  const std::vector<int64_t> slots = {7, 0, 11, 3, 4};
+  std::vector<float> kp(size_t(pool_rows * row), -1.0f), vp = kp;
+  Dev dk(k), dv(v), ds(slots), dkp(kp), dvp(vp);
+  cuda::kv_write_slots(dk.f(), dv.f(), static_cast<const int64_t*>(ds.p), dkp.f(), dvp.f(), n, row, nullptr);
+  std::vector<float> want_k = kp, want_v = vp;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < row; ++j)
+      want_k[size_t(slots[size_t(i)] * row + j)] = k[size_t(i * row + j)], want_v[size_t(slots[size_t(i)] * row + j)] = v[size_t(i * row + j)];
+  EXPECT_EQ(dkp.get(kp.size()), want_k);
+  EXPECT_EQ(dvp.get(vp.size()), want_v);
+  // gather the written rows back in order
+  Dev dout(size_t(n * row) * 4);
+  cuda::gather_rows(dkp.f(), static_cast<const int64_t*>(ds.p), dout.f(), n, row, nullptr);
+  EXPECT_EQ(dout.get(size_t(n * row)), k);
+  // rotate pool rows 3..7 by delta 13 (2 heads of 16)
+  std::vector<float> inv(8);
+  for (int64_t i = 0; i < 8; ++i) inv[size_t(i)] = float(std::pow(10000.0, -double(2 * i) / 16.0));
+  std::vector<float> cs(16);
+  for (int64_t i = 0; i < 8; ++i)
+    cs[size_t(i)] = float(std::cos(13.0 * double(inv[size_t(i)]))), cs[size_t(8 + i)] = float(std::sin(13.0 * double(inv[size_t(i)])));
+  Dev dcs(cs);
+  cuda::rope_shift(dkp.f() + 3 * row, dcs.f(), dcs.f() + 8, 5, 2, 16, nullptr);
+  kernels::rope_shift(want_k.data() + 3 * row, 5, 2, 16, inv.data(), 13);
+  expect_close(dkp.get(kp.size()), want_k, 1e-6, "rope_shift");
+}

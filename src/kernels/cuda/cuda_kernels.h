@@ -106,4 +106,25 @@ void dequant_q4(const void* w, WType wt, void* out, WType out_type, int64_t N, i
 void matmul_q4(cublasHandle_t h, const float* x, const void* w, WType wt, const float* bias, float* y, int64_t M,
                int64_t N, int64_t K, void* w_scratch, void* xh, cudaStream_t s);
 
+// ---- the engine's paged K/V on the device (paged_kv.cu) ----
+// Pools as above, f32. slots [n] (device): each row's pool row, block * block_size + p % block_size.
+// k, v [n, row] f32 -> k_pool[slots[i] * row ..], v_pool[...] (the pass's new K/V into their
+// paged slots; CPU: kv::KvLayout::write_rows, one run of rows at a time).
+void kv_write_slots(const float* k, const float* v, const int64_t* slots, float* k_pool, float* v_pool, int64_t n,
+                    int64_t row, cudaStream_t s);
+// y[i, :] = x[idx[i], :], i < n, rows of `width` floats; idx (device) int64.
+void gather_rows(const float* x, const int64_t* idx, float* y, int64_t n, int64_t width, cudaStream_t s);
+// As kernels::rope_shift with its cos / sin table of the shift precomputed on the host
+// (float(cos(double(delta) * inv_freq[i])), [head_dim / 2] each, on the device): the keys of
+// n_rows contiguous pool rows x [n_rows, n_heads, head_dim] rotated in place by delta positions.
+void rope_shift(float* x, const float* cos, const float* sin, int64_t n_rows, int64_t n_heads, int64_t head_dim,
+                cudaStream_t s);
+// Paged attention for any head_dim <= 256 (the tiled kernels take multiples of 32 only): one
+// warp per (query, head), 32 keys scored per step (one per lane), online softmax. Same contract
+// as flash_attention_paged with f32 pools. CPU reference: kernels::paged_attention_ref.
+void paged_attention_simple(const float* q, const float* k_pool, const float* v_pool, const int32_t* block_table,
+                            float* out, int64_t n_q, int64_t q_pos0, int64_t n_kv_tokens, int64_t block_size,
+                            int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, int64_t window, float scale,
+                            cudaStream_t s);
+
 }  // namespace kvboost::cuda

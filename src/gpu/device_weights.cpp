@@ -1,0 +1,199 @@
+// The device-side weight layout (device_weights.h), moved out of gpu_decoder.cpp so the engine's
+// paged runner binds and packs layers exactly as the decoder does.
+#include "device_weights.h"
+
+#include <cstring>
+
+#include "../model/arch.h"
+#include "../model/awq.h"
+
+namespace kvboost::gpu::dev {
+
+void require_device(int device) {
+  const int n = device_count();
+  if (n == 0) fail("GPU: no CUDA device is visible (cudaGetDeviceCount found none)");
+  if (device < 0 || device >= n) fail("GPU: device ", device, " does not exist (", n, " visible)");
+  check(cudaSetDevice(device), "cudaSetDevice");
+}
+
+WType wtype_of(const TensorInfo& t) {
+  if (t.dtype == "F32") return WType::F32;
+  if (t.dtype == "F16") return WType::F16;
+  if (t.dtype == "BF16") return WType::BF16;
+  fail(t.file, ": tensor \"", t.name, "\" has dtype ", t.dtype, " (the GPU decoder takes F32, F16, BF16)");
+}
+
+const TensorInfo& tensor(const WeightFiles& f, const std::string& dir, const std::string& name,
+                         const std::vector<int64_t>& shape) {
+  const TensorInfo* t = f.find(name);
+  if (!t) fail(dir, ": weight \"", name, "\" is missing");
+  if (t->shape != shape) fail(t->file, ": tensor \"", name, "\" does not have the shape the config implies");
+  wtype_of(*t);
+  return *t;
+}
+
+std::optional<AwqTensors> awq_of(const WeightFiles& f, const std::string& dir, const std::string& weight_name,
+                                 int64_t rows, int64_t cols) {
+  if (f.find(weight_name) || weight_name.size() < 7) return std::nullopt;
+  const std::string base = weight_name.substr(0, weight_name.size() - 7);  // minus ".weight"
+  AwqTensors a;
+  a.qweight = f.find(base + ".qweight"), a.qzeros = f.find(base + ".qzeros"), a.scales = f.find(base + ".scales");
+  if (!a.qweight) return std::nullopt;
+  if (!a.qzeros || !a.scales) fail(dir, ": AWQ layer \"", base, "\" lacks qzeros or scales");
+  const int64_t in = cols, out = rows;
+  if (a.qweight->dtype != "I32" || a.qweight->shape != std::vector<int64_t>{in, out / 8} || a.qzeros->dtype != "I32" ||
+      a.qzeros->shape.size() != 2 || a.qzeros->shape[0] <= 0 || in % a.qzeros->shape[0] != 0 || a.scales->dtype != "F16")
+    fail(a.qweight->file, ": AWQ layer \"", base, "\" does not have the shapes and types the config implies");
+  a.group = in / a.qzeros->shape[0];
+  if (a.group % 32 != 0 || out % 8 != 0) fail(a.qweight->file, ": AWQ layer \"", base, "\": group ", a.group, ", out ", out);
+  a.wt = a.group % 128 == 0 ? WType::Q4_Z128 : WType::Q4_Z;
+  return a;
+}
+
+std::vector<LayerEntry> layer_entries(const ModelConfig& c, int64_t l) {
+  using arch::Role;
+  const arch::Arch* a = arch::find(c.model_type);
+  if (!a) fail("GPU decoder: model_type \"", c.model_type, "\" has no architecture");
+  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
+  const int64_t nq = c.n_heads * hd, nkv = c.n_kv_heads * hd;
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  std::vector<LayerEntry> out;
+  for (const arch::LayerTensor& t : a->tensors) {
+    if (t.when == arch::When::AttentionBias && !c.attention_bias) continue;
+    const std::string name = p + t.hf;
+    switch (t.role) {
+      case Role::Wq: out.push_back({kWq, name, nq, H}); break;
+      case Role::Wk: out.push_back({kWk, name, nkv, H}); break;
+      case Role::Wv: out.push_back({kWv, name, nkv, H}); break;
+      case Role::Wo: out.push_back({kWo, name, H, nq}); break;
+      case Role::Gate: out.push_back({kGate, name, I, H}); break;
+      case Role::Up: out.push_back({kUp, name, I, H}); break;
+      case Role::Down: out.push_back({kDown, name, H, I}); break;
+      case Role::AttnNorm: out.push_back({kAttnNorm, name, H, 0}); break;
+      case Role::MlpNorm: out.push_back({kMlpNorm, name, H, 0}); break;
+      case Role::QNorm: out.push_back({kQNorm, name, hd, 0}); break;
+      case Role::KNorm: out.push_back({kKNorm, name, hd, 0}); break;
+      case Role::QBias: out.push_back({kQBias, name, nq, 0}); break;
+      case Role::KBias: out.push_back({kKBias, name, nkv, 0}); break;
+      case Role::VBias: out.push_back({kVBias, name, nkv, 0}); break;
+      case Role::OBias: out.push_back({kOBias, name, H, 0}); break;
+      case Role::PostAttnNorm:
+      case Role::PostMlpNorm:
+        fail("GPU decoder: model_type ", c.model_type, " has sandwich norms (", t.hf, "), not supported on the GPU yet");
+    }
+  }
+  return out;
+}
+
+// Packs layer l into `dst` (layout.bytes bytes) from the files.
+void pack_layer(const WeightFiles& f, const std::string& dir, const ModelConfig& c, int64_t l, const LayerLayout& lay,
+                uint8_t* dst) {
+  for (const LayerEntry& e : layer_entries(c, l)) {
+    if (e.cols > 0) {
+      if (const auto a = awq_of(f, dir, e.name, e.rows, e.cols)) {
+        std::vector<uint8_t> q4z(size_t(e.rows * (e.cols / 32) * 20));
+        awq::repack_q4z(static_cast<const int32_t*>(a->qweight->data), static_cast<const int32_t*>(a->qzeros->data),
+                        static_cast<const uint16_t*>(a->scales->data), e.cols, e.rows, a->group, q4z.data());
+        if (a->wt == WType::Q4_Z128) awq::q4z_to_q4z128(q4z.data(), e.rows, e.cols, dst + lay.piece[e.id].off);
+        else std::memcpy(dst + lay.piece[e.id].off, q4z.data(), q4z.size());
+        continue;
+      }
+      const TensorInfo& t = tensor(f, dir, e.name, {e.rows, e.cols});
+      std::memcpy(dst + lay.piece[e.id].off, t.data, t.nbytes);
+    } else {
+      const TensorInfo& t = tensor(f, dir, e.name, {e.rows});
+      kernels::to_f32(t.data, wtype_of(t), reinterpret_cast<float*>(dst + lay.piece[e.id].off), e.rows);
+    }
+  }
+}
+
+LayerLayout layout_of(const WeightFiles& f, const std::string& dir, const ModelConfig& c, int64_t l) {
+  LayerLayout lay;
+  size_t off = 0;
+  const std::vector<LayerEntry> entries = layer_entries(c, l);
+  for (const LayerEntry& e : entries) {  // matrices first, then the f32 vectors
+    if (e.cols == 0) continue;
+    if (const auto a = awq_of(f, dir, e.name, e.rows, e.cols)) {
+      lay.piece[e.id] = Piece{off, a->wt, true};
+      off = align_up(off + size_t(e.rows) * size_t(kernels::wtype_row_bytes(a->wt, e.cols)));
+      continue;
+    }
+    const TensorInfo& t = tensor(f, dir, e.name, {e.rows, e.cols});
+    lay.piece[e.id] = Piece{off, wtype_of(t), true};
+    off = align_up(off + t.nbytes);
+  }
+  for (const LayerEntry& e : entries) {
+    if (e.cols != 0) continue;
+    lay.piece[e.id] = Piece{off, WType::F32, true};
+    off = align_up(off + size_t(e.rows) * 4);
+  }
+  for (int id : {kWq, kWk, kWv, kWo, kGate, kUp, kDown, kAttnNorm, kMlpNorm})
+    if (!lay.piece[id].present) fail("GPU decoder: model_type ", c.model_type, "'s tensor table lacks a tensor the layer needs");
+  lay.bytes = off;
+  lay.window = c.layer_window.empty() ? 0 : c.layer_window[size_t(l)];
+  return lay;
+}
+
+// A whole tensor on the device, as stored.
+DevBuf upload(const TensorInfo& t) {
+  DevBuf d(t.nbytes);
+  check(cudaMemcpy(d.p, t.data, t.nbytes, cudaMemcpyHostToDevice), "cudaMemcpy(weights)");
+  return d;
+}
+
+LayerPtrs ResidentWeights::ptrs(int64_t l) const {
+  const uint8_t* base = layers.as<uint8_t>() + dev_off[size_t(l)];
+  const LayerLayout& lay = layouts[size_t(l)];
+  LayerPtrs p{};
+  for (int i = 0; i < 7; ++i) p.m[i] = base + lay.piece[i].off;
+  for (int i = 0; i < 8; ++i) p.v[i] = lay.piece[7 + i].present ? reinterpret_cast<const float*>(base + lay.piece[7 + i].off) : nullptr;
+  return p;
+}
+
+ResidentWeights upload_resident(const Model& model, const char* what) {
+  const ModelConfig& c = model.config();
+  const std::string& dir = model.dir();
+  const std::string g = gguf_model_file(dir);
+  const WeightFiles f = g.empty() ? WeightFiles::open_dir(dir) : WeightFiles::open_gguf(g, /*keep_quantized=*/false);
+  ResidentWeights w;
+  size_t total = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    w.layouts.push_back(layout_of(f, dir, c, l));
+    w.dev_off.push_back(total);
+    total += w.layouts.back().bytes;
+    w.slot_bytes = std::max(w.slot_bytes, w.layouts.back().bytes);
+    for (const Piece& pc : w.layouts.back().piece)
+      w.q4 = w.q4 || (pc.present && (pc.wt == WType::Q4_Z || pc.wt == WType::Q4_Z128));
+  }
+  size_t free_b = 0, total_b = 0;
+  check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  if (total > free_b)
+    fail(what, ": the layers' weights need ", total, " bytes on the device, ", free_b, " of ", total_b, " are free");
+  w.layers = DevBuf(total);
+  std::vector<uint8_t> buf(w.slot_bytes);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    pack_layer(f, dir, c, l, w.layouts[size_t(l)], buf.data());
+    check(cudaMemcpy(w.layers.as<uint8_t>() + w.dev_off[size_t(l)], buf.data(), w.layouts[size_t(l)].bytes,
+                     cudaMemcpyHostToDevice),
+          "cudaMemcpy(layer)");
+  }
+  const TensorInfo& emb = tensor(f, dir, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
+  w.embed_wt = wtype_of(emb);
+  w.embed_w = upload(emb);
+  if (c.tie_word_embeddings) {
+    w.lm_head = w.embed_w.p, w.lm_head_wt = w.embed_wt;
+  } else {
+    const TensorInfo& lm = tensor(f, dir, "lm_head.weight", {c.vocab_size, c.hidden_size});
+    w.lm_head_wt = wtype_of(lm);
+    w.lm_head_w = upload(lm);
+    w.lm_head = w.lm_head_w.p;
+  }
+  const TensorInfo& fn = tensor(f, dir, "model.norm.weight", {c.hidden_size});
+  std::vector<float> v(size_t(c.hidden_size));
+  kernels::to_f32(fn.data, wtype_of(fn), v.data(), c.hidden_size);
+  w.final_norm = DevBuf(v.size() * 4);
+  check(cudaMemcpy(w.final_norm.p, v.data(), v.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy(norm)");
+  return w;
+}
+
+}  // namespace kvboost::gpu::dev
