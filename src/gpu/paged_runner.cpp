@@ -19,12 +19,15 @@ namespace {
 
 std::string device_name(int d) { return "device cuda:" + std::to_string(d); }
 
-// Grows a device buffer to at least `bytes` (contents are not kept: scratch only).
+// Grows a buffer to at least `bytes` (contents are not kept: scratch only): by half again, but
+// never more than 256 MiB past the request, so that one large pass (all-logits over a big
+// vocabulary) does not ask for twice what it needs.
+size_t grown(size_t have, size_t want) { return std::min(std::max(want, have + have / 2), want + (size_t(256) << 20)); }
 void reserve(DevBuf& b, size_t bytes) {
-  if (b.bytes < bytes) b = DevBuf(std::max(bytes, b.bytes * 2));
+  if (b.bytes < bytes) b = DevBuf(grown(b.bytes, bytes));
 }
 void reserve(HostBuf& b, size_t bytes) {
-  if (b.bytes < bytes) b = HostBuf(std::max(bytes, b.bytes * 2));
+  if (b.bytes < bytes) b = HostBuf(grown(b.bytes, bytes));
 }
 
 }  // namespace
@@ -227,6 +230,10 @@ std::unique_ptr<PagedRunner> PagedRunner::create(const Model& model, const Paged
          " bytes, ", free_b, " are free after the weights; lower kv_budget_bytes (--kv-budget)");
   m->k_pool = DevBuf(m->pool.pool_bytes()), m->v_pool = DevBuf(m->pool.pool_bytes());
   check(cudaStreamCreateWithFlags(&m->s, cudaStreamNonBlocking), "cudaStreamCreate");
+  // Zeroed as the host pools are (an anonymous mapping): a pass never reads cudaMalloc's garbage
+  // (a NaN bit pattern in an unwritten key would poison its whole softmax row).
+  check(cudaMemsetAsync(m->k_pool.p, 0, m->k_pool.bytes, m->s), "zero the K pool");
+  check(cudaMemsetAsync(m->v_pool.p, 0, m->v_pool.bytes, m->s), "zero the V pool");
   // cuBLAS on the stream with a fixed workspace (run-to-run identical results), no TF32.
   check(cublasCreate(&m->blas), "cublasCreate");
   check(cublasSetStream(m->blas, m->s), "cublasSetStream");
