@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "cuda_kernels.h"
+#include "warp.cuh"
 #include "kvboost/common.h"
 
 namespace kvboost::cuda {
@@ -29,14 +30,6 @@ __device__ __forceinline__ float load_w(const void* w, WType wt, int64_t i) {
   }
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 // Block-wide sum/max; `red` holds 32 floats of shared memory; every thread gets the result.
 template <bool kMax>
 __device__ float block_reduce(float v, float* red) {

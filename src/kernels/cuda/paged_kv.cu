@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "cuda_kernels.h"
+#include "warp.cuh"
 #include "kvboost/common.h"
 
 namespace kvboost::cuda {
@@ -48,14 +49,6 @@ __global__ void rope_shift_kernel(float* x, const float* __restrict__ c, const f
   }
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 // grid (n_q, n_heads), block 32. Lane j scores key c + j of each 32-key step over the whole
 // head (head_dim <= 256 floats of q in shared memory); lane d accumulates output dims d, d + 32, ...

@@ -8,16 +8,13 @@
 #include <type_traits>
 
 #include "cuda_kernels.h"
+#include "warp.cuh"
 #include "kvboost/common.h"
 
 namespace kvboost::cuda {
 
 namespace {
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // Header of a block: f16 d, uint8 z (then one reserved byte, then the nibbles).
 __device__ __forceinline__ void block_header(const uint8_t* b, float& d, float& z) {
