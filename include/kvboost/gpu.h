@@ -294,6 +294,12 @@ class PagedRunner {
   // re-rotated by delta positions with the model's RoPE frequencies (cos / sin of delta computed
   // on the host as kernels::rope_shift does).
   void rotate_keys(int64_t layer, std::span<const kv::BlockId> table, int64_t pos0, int64_t n, int64_t delta);
+  // Model::forward_blend (CacheBlend's selective recompute) over the device pools: tokens [n] at
+  // positions n_past.. of the sequence under `table`, whose reused rows (opt.reused) hold cached
+  // K/V; the same rows selected by the same BlendSchedule as the CPU, the last token's logits
+  // [vocab] into `logits`. Errors as Model::forward_blend's (no tokens, a ratio outside [0, 1]).
+  BlendStats forward_blend(const int32_t* tokens, int64_t n, int64_t n_past, std::span<const kv::BlockId> table,
+                           const BlendOptions& opt, float* logits);
   // The K/V of `rows`, [row][layer][K row, V row] (ModelRunner::snapshot_rows' layout).
   std::vector<float> snapshot_rows(std::span<const kv::BlockId> table, std::span<const int64_t> rows);
 

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -179,6 +180,36 @@ struct BlendStats {
   int64_t n_selected = 0;         // reused tokens recomputed after the check layer
   int64_t n_rows_late = 0;        // tokens computed in the last layer (selected + new)
   int64_t n_row_layers = 0;       // rows x layers computed from the check layer on (the cost)
+};
+
+// The selection schedule of a CacheBlend pass, shared by Model::forward_blend (CPU) and the
+// device runner's pass (gpu::PagedRunner::forward_blend), so both select the same rows:
+// candidates are the reused tokens but the last; the check layer keeps keep_at(check) of them
+// (first_ratio, or ratio), each taper layer keeps fewer down to ratio. Errors name a ratio
+// outside [0, 1].
+class BlendSchedule {
+ public:
+  BlendSchedule(const BlendOptions& opt, int64_t n_tokens, int64_t n_layers);
+  int64_t check_layer() const { return check_; }
+  int64_t n_candidates() const { return n_cand_; }
+  bool is_candidate(int64_t t) const { return cand_[size_t(t)] != 0; }
+  // Candidates kept for layer l >= check_layer(): linearly from the first count to the final one.
+  int64_t keep_at(int64_t l) const;
+  // Whether layer l >= check_layer() measures and re-selects, with n_kept candidates current.
+  bool selects_at(int64_t l, int64_t n_kept) const { return l == check_ || keep_at(l) < n_kept; }
+  // The rows kept at layer l among the current rows (token index tok[r], deviation dev[r] of
+  // each; non-candidates always kept): the keep_at(l) candidates of largest deviation, ties to
+  // the earlier row. Returns the mask over rows; *n_kept_cand gets the candidates kept.
+  std::vector<uint8_t> select(int64_t l, std::span<const int64_t> tok, std::span<const float> dev,
+                              int64_t* n_kept_cand) const;
+  // Deviation of one row's fresh K/V (k, v: [width]) from the cached (ck, cv), relative to the
+  // fresh vectors' size, K and V each: |k - ck|^2 / |k|^2 + |v - cv|^2 / |v|^2 (in double).
+  // The host reference of the device kernel cuda::kv_deviation.
+  static float deviation(const float* k, const float* v, const float* ck, const float* cv, int64_t width);
+
+ private:
+  std::vector<uint8_t> cand_;
+  int64_t check_ = 0, n_cand_ = 0, n_first_ = 0, n_final_ = 0, taper_ = 0;
 };
 
 // The output projection (lm_head, or the embedding table when tied) quantized once at load

@@ -51,6 +51,10 @@ void PagedRunner::read_rows(int64_t, std::span<const kv::BlockId>, int64_t, int6
 void PagedRunner::rotate_keys(int64_t, std::span<const kv::BlockId>, int64_t, int64_t, int64_t) {
   no_cuda("PagedRunner::rotate_keys");
 }
+BlendStats PagedRunner::forward_blend(const int32_t*, int64_t, int64_t, std::span<const kv::BlockId>,
+                                      const BlendOptions&, float*) {
+  no_cuda("PagedRunner::forward_blend");
+}
 std::vector<float> PagedRunner::snapshot_rows(std::span<const kv::BlockId>, std::span<const int64_t>) {
   no_cuda("PagedRunner::snapshot_rows");
 }

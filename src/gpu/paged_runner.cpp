@@ -9,6 +9,74 @@
 
 namespace kvboost::gpu {
 
+PagedRunner::Impl::Staged PagedRunner::Impl::stage(const PassPlan& plan) {
+  const int64_t n = plan.n_rows, m = int64_t(plan.logit_rows.size()), half = hd / 2;
+  reserve_scratch(n, m);
+  // The split-K workspace: the split count depends on each run's queries and keys (fewer
+  // queries, more splits), so the largest need over the runs, not the largest run's.
+  int64_t ws_floats = 0;
+  for (const PassRun& r : plan.runs)
+    if (r.kernel == AttnKernel::SplitK)
+      ws_floats = std::max(ws_floats, cuda::decode_workspace_floats(
+                                          r.n, c.n_heads, hd, cuda::decode_splits(r.n, c.n_heads, r.pos0 + r.n, 0)));
+  reserve(ws, size_t(ws_floats) * 4);
+  const StagingLayout sl = staging_layout(n, int64_t(plan.tables.size()), m, hd);
+  reserve(stage_h, sl.bytes), reserve(stage_d, sl.bytes);
+  uint8_t* st = stage_h.as<uint8_t>();
+  std::memcpy(st + sl.tokens, plan.tokens.data(), plan.tokens.size() * 4);
+  std::memcpy(st + sl.slots, plan.slots.data(), plan.slots.size() * 8);
+  std::memcpy(st + sl.tables, plan.tables.data(), plan.tables.size() * 4);
+  std::memcpy(st + sl.logit_rows, plan.logit_rows.data(), plan.logit_rows.size() * 8);
+  float* cs_h = reinterpret_cast<float*>(st + sl.cos);
+  float* sn_h = reinterpret_cast<float*>(st + sl.sin);
+  // The CPU's tables (blocks::rope_table): float angle, cos / sin in double.
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float ang = float(plan.positions[size_t(t)]) * inv_freq[size_t(i)];
+      cs_h[t * half + i] = float(std::cos(double(ang)));
+      sn_h[t * half + i] = float(std::sin(double(ang)));
+    }
+  check(cudaMemcpyAsync(stage_d.p, stage_h.p, sl.bytes, cudaMemcpyHostToDevice, s), "upload the pass plan");
+  const uint8_t* sd = stage_d.as<uint8_t>();
+  Staged g;
+  g.tokens = reinterpret_cast<const int32_t*>(sd + sl.tokens);
+  g.slots = reinterpret_cast<const int64_t*>(sd + sl.slots);
+  g.tables = reinterpret_cast<const int32_t*>(sd + sl.tables);
+  g.logit_rows = reinterpret_cast<const int64_t*>(sd + sl.logit_rows);
+  g.cos = reinterpret_cast<const float*>(sd + sl.cos);
+  g.sin = reinterpret_cast<const float*>(sd + sl.sin);
+  return g;
+}
+
+void PagedRunner::Impl::head_logits(int64_t m, const int64_t* logit_rows) {
+  if (m <= 0) return;
+  cuda::gather_rows(x.as<float>(), logit_rows, lx.as<float>(), m, H, s);
+  cuda::rms_norm(lx.as<float>(), w.final_norm.as<float>(), lx.as<float>(), m, H, float(c.rms_norm_eps), s);
+  cuda::matmul(blas, lx.as<float>(), w.lm_head, w.lm_head_wt, nullptr, logits.as<float>(), m, c.vocab_size, H, xh.p,
+               s);
+  check(cudaMemcpyAsync(logits_h.p, logits.p, size_t(m * c.vocab_size) * 4, cudaMemcpyDeviceToHost, s),
+        "download logits");
+}
+
+void PagedRunner::Impl::forward(const PagedSeq* seqs, int64_t n_seqs) {
+  const PassPlan plan = plan_pass(seqs, n_seqs, pool, c.vocab_size);
+  const int64_t n = plan.n_rows, m = int64_t(plan.logit_rows.size());
+  if (n == 0) return;
+  const Staged g = stage(plan);
+  cuda::embed(g.tokens, w.embed_w.p, w.embed_wt, x.as<float>(), n, H, s);
+  for (int64_t l = 0; l < c.n_layers; ++l) run_layer(plan, l, g.slots, g.tables, g.cos, g.sin);
+  head_logits(m, g.logit_rows);
+  check(cudaStreamSynchronize(s), "device forward pass");
+  ++n_passes;
+  const float* lh = logits_h.as<float>();
+  for (int64_t i = 0, at = 0; i < n_seqs; ++i) {
+    const int64_t k_rows = plan.logit_count[size_t(i)];
+    if (k_rows == 0) continue;
+    std::memcpy(seqs[i].logits, lh + at * c.vocab_size, size_t(k_rows * c.vocab_size) * 4);
+    at += k_rows;
+  }
+}
+
 PagedRunner::PagedRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 PagedRunner::~PagedRunner() = default;
 

@@ -43,6 +43,8 @@ struct PagedRunner::Impl {
   // Scratch (PassScratch sizes) and the pass's uploaded plan (StagingLayout).
   DevBuf x, h, q, k, v, att, gate, up, xh, wq, lx, logits, ws, stage_d, rot_cs;
   HostBuf stage_h, logits_h, snap_h;
+  DevBuf dev_d, sel_d;    // CacheBlend: deviations, kept row indices (paged_blend.cpp)
+  HostBuf dev_h, sel_h;
   int64_t n_passes = 0;
 
   // The current device is per-thread CUDA state and the engine may be driven from any thread
@@ -100,6 +102,18 @@ struct PagedRunner::Impl {
     }
   }
 
+  // The layer's K and V of n rows (rms norm into h, projections, k norm, RoPE) into k, v: the
+  // first half of run_layer, and CacheBlend's measure (paged_blend.cpp).
+  void project_kv(int64_t n, int64_t l, const LayerPtrs& p, const float* cs, const float* sn) {
+    const LayerLayout& lay = w.layouts[size_t(l)];
+    const float eps = float(c.rms_norm_eps);
+    cuda::rms_norm(x.as<float>(), p.v[kAttnNorm - 7], h.as<float>(), n, H, eps, s);
+    mm(lay, p, kWk, h.as<float>(), p.v[kKBias - 7], k.as<float>(), n, nkv, H);
+    mm(lay, p, kWv, h.as<float>(), p.v[kVBias - 7], v.as<float>(), n, nkv, H);
+    if (c.qk_norm) cuda::rms_norm(k.as<float>(), p.v[kKNorm - 7], k.as<float>(), n * c.n_kv_heads, hd, eps, s);
+    cuda::rope_rotate_half(k.as<float>(), cs, sn, n, c.n_kv_heads, hd, s);
+  }
+
   // One layer over all rows: the decoder's layer (gpu_decoder.cpp run_layer) with the K/V write
   // into the paged slots and attention per run.
   void run_layer(const PassPlan& plan, int64_t l, const int64_t* slots, const int32_t* tables, const float* cs,
@@ -108,16 +122,10 @@ struct PagedRunner::Impl {
     const LayerLayout& lay = w.layouts[size_t(l)];
     const LayerPtrs p = w.ptrs(l);
     const float eps = float(c.rms_norm_eps);
-    cuda::rms_norm(x.as<float>(), p.v[kAttnNorm - 7], h.as<float>(), n, H, eps, s);
+    project_kv(n, l, p, cs, sn);
     mm(lay, p, kWq, h.as<float>(), p.v[kQBias - 7], q.as<float>(), n, nq, H);
-    mm(lay, p, kWk, h.as<float>(), p.v[kKBias - 7], k.as<float>(), n, nkv, H);
-    mm(lay, p, kWv, h.as<float>(), p.v[kVBias - 7], v.as<float>(), n, nkv, H);
-    if (c.qk_norm) {
-      cuda::rms_norm(q.as<float>(), p.v[kQNorm - 7], q.as<float>(), n * c.n_heads, hd, eps, s);
-      cuda::rms_norm(k.as<float>(), p.v[kKNorm - 7], k.as<float>(), n * c.n_kv_heads, hd, eps, s);
-    }
+    if (c.qk_norm) cuda::rms_norm(q.as<float>(), p.v[kQNorm - 7], q.as<float>(), n * c.n_heads, hd, eps, s);
     cuda::rope_rotate_half(q.as<float>(), cs, sn, n, c.n_heads, hd, s);
-    cuda::rope_rotate_half(k.as<float>(), cs, sn, n, c.n_kv_heads, hd, s);
     // Every row's K/V before any attention, so a run attends to rows of earlier runs (blocks.h).
     cuda::kv_write_slots(k.as<float>(), v.as<float>(), slots, k_pool.as<float>() + pool.offset(l, 0),
                          v_pool.as<float>() + pool.offset(l, 0), n, nkv, s);
@@ -132,64 +140,26 @@ struct PagedRunner::Impl {
     cuda::add_inplace(x.as<float>(), h.as<float>(), n * H, s);
   }
 
-  void forward(const PagedSeq* seqs, int64_t n_seqs) {
-    const PassPlan plan = plan_pass(seqs, n_seqs, pool, c.vocab_size);
-    const int64_t n = plan.n_rows, m = int64_t(plan.logit_rows.size()), half = hd / 2;
-    if (n == 0) return;
-    reserve_scratch(n, m);
-    // The split-K workspace: the split count depends on each run's queries and keys (fewer
-    // queries, more splits), so the largest need over the runs, not the largest run's.
-    int64_t ws_floats = 0;
-    for (const PassRun& r : plan.runs)
-      if (r.kernel == AttnKernel::SplitK)
-        ws_floats = std::max(ws_floats, cuda::decode_workspace_floats(
-                                            r.n, c.n_heads, hd, cuda::decode_splits(r.n, c.n_heads, r.pos0 + r.n, 0)));
-    reserve(ws, size_t(ws_floats) * 4);
-    const StagingLayout sl = staging_layout(n, int64_t(plan.tables.size()), m, hd);
-    // The previous pass has synchronized, so the pinned staging buffer is free to refill.
-    reserve(stage_h, sl.bytes), reserve(stage_d, sl.bytes);
-    uint8_t* st = stage_h.as<uint8_t>();
-    std::memcpy(st + sl.tokens, plan.tokens.data(), plan.tokens.size() * 4);
-    std::memcpy(st + sl.slots, plan.slots.data(), plan.slots.size() * 8);
-    std::memcpy(st + sl.tables, plan.tables.data(), plan.tables.size() * 4);
-    std::memcpy(st + sl.logit_rows, plan.logit_rows.data(), plan.logit_rows.size() * 8);
-    float* cs_h = reinterpret_cast<float*>(st + sl.cos);
-    float* sn_h = reinterpret_cast<float*>(st + sl.sin);
-    // The CPU's tables (blocks::rope_table): float angle, cos / sin in double.
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t i = 0; i < half; ++i) {
-        const float ang = float(plan.positions[size_t(t)]) * inv_freq[size_t(i)];
-        cs_h[t * half + i] = float(std::cos(double(ang)));
-        sn_h[t * half + i] = float(std::sin(double(ang)));
-      }
-    check(cudaMemcpyAsync(stage_d.p, stage_h.p, sl.bytes, cudaMemcpyHostToDevice, s), "upload the pass plan");
-    const uint8_t* sd = stage_d.as<uint8_t>();
-    const auto* tokens = reinterpret_cast<const int32_t*>(sd + sl.tokens);
-    const auto* slots = reinterpret_cast<const int64_t*>(sd + sl.slots);
-    const auto* tables = reinterpret_cast<const int32_t*>(sd + sl.tables);
-    const auto* lrows = reinterpret_cast<const int64_t*>(sd + sl.logit_rows);
-    cuda::embed(tokens, w.embed_w.p, w.embed_wt, x.as<float>(), n, H, s);
-    for (int64_t l = 0; l < c.n_layers; ++l)
-      run_layer(plan, l, slots, tables, reinterpret_cast<const float*>(sd + sl.cos),
-                reinterpret_cast<const float*>(sd + sl.sin));
-    if (m > 0) {
-      cuda::gather_rows(x.as<float>(), lrows, lx.as<float>(), m, H, s);
-      cuda::rms_norm(lx.as<float>(), w.final_norm.as<float>(), lx.as<float>(), m, H, float(c.rms_norm_eps), s);
-      cuda::matmul(blas, lx.as<float>(), w.lm_head, w.lm_head_wt, nullptr, logits.as<float>(), m, c.vocab_size, H,
-                   xh.p, s);
-      check(cudaMemcpyAsync(logits_h.p, logits.p, size_t(m * c.vocab_size) * 4, cudaMemcpyDeviceToHost, s),
-            "download logits");
-    }
-    check(cudaStreamSynchronize(s), "device forward pass");
-    ++n_passes;
-    const float* lh = logits_h.as<float>();
-    for (int64_t i = 0, at = 0; i < n_seqs; ++i) {
-      const int64_t k_rows = plan.logit_count[size_t(i)];
-      if (k_rows == 0) continue;
-      std::memcpy(seqs[i].logits, lh + at * c.vocab_size, size_t(k_rows * c.vocab_size) * 4);
-      at += k_rows;
-    }
-  }
+  // A pass's plan on the device: what stage() uploaded (one pinned copy), as typed pointers.
+  struct Staged {
+    const int32_t* tokens = nullptr;
+    const int64_t* slots = nullptr;
+    const int32_t* tables = nullptr;
+    const int64_t* logit_rows = nullptr;
+    const float* cos = nullptr;
+    const float* sin = nullptr;
+  };
+  // Sizes the scratch and the split-K workspace for `plan`, fills the pinned staging buffer
+  // (the stream must have no copy from it pending: every pass synchronizes before returning)
+  // and uploads it. Defined in paged_runner.cpp.
+  Staged stage(const PassPlan& plan);
+  // The final norm and head over the plan's m logit rows of x, downloaded (asynchronously) into
+  // logits_h.
+  void head_logits(int64_t m, const int64_t* logit_rows);
+  void forward(const PagedSeq* seqs, int64_t n_seqs);
+  // CacheBlend's selective recompute on the device (paged_blend.cpp).
+  BlendStats forward_blend(const int32_t* tokens, int64_t n, int64_t n_past, std::span<const kv::BlockId> table,
+                           const BlendOptions& opt, float* logits);
 };
 
 }  // namespace kvboost::gpu

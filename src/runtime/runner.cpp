@@ -166,11 +166,9 @@ float ModelRunner::deviation(kv::SeqId seq, std::span<const int64_t> rows, std::
 }
 
 BlendStats ModelRunner::run_blend(const PlannedBlend& b, double* ms) {
-  if (dev_)
-    fail("device ", device_.name(), ": CacheBlend repair (reuse mode blend) does not run on a CUDA device yet; use "
-         "another reuse mode or --device cpu");
   const double t0 = now_ms();
-  const BlendStats bs = model_.forward_blend(b.tokens, b.n, view(b.seq, b.n_past), b.opts, b.logits);
+  const BlendStats bs = dev_ ? dev_->forward_blend(b.tokens, b.n, b.n_past, kv_.block_table(b.seq), b.opts, b.logits)
+                             : model_.forward_blend(b.tokens, b.n, view(b.seq, b.n_past), b.opts, b.logits);
   *ms = now_ms() - t0;
   return bs;
 }

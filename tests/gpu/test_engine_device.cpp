@@ -190,7 +190,9 @@ TEST(EngineDevice, ContinuousBatchingOnTheDevice) {
 }
 
 // Documents stored in one order and reused in another: the copy-in writes their K/V into the
-// device pools and re-rotates the keys there. The device's approximate K/V must be the CPU's.
+// device pools and re-rotates the keys there. The device's approximate K/V must be the CPU's, and
+// CacheBlend's selective recompute on the device (paged_blend.cpp) must select the rows the CPU
+// selects (same BlendSchedule, deviations from cuda::kv_deviation) and give its logits.
 TEST(EngineDevice, ReorderedChunkCopyInOnTheDevice) {
   REQUIRE_GPU();
   KVBOOST_REQUIRE_PATH(stories());
@@ -223,7 +225,7 @@ TEST(EngineDevice, ReorderedChunkCopyInOnTheDevice) {
   store.segment_starts = segs;
   for (Engine* e : {cpu.get(), dev.get()}) e->generate_ids(first, store);
   const auto ids = build({2, 0, 1}, &segs);
-  for (ReuseMode m : {ReuseMode::kNone, ReuseMode::kSelective}) {
+  for (ReuseMode m : {ReuseMode::kNone, ReuseMode::kSelective, ReuseMode::kCacheBlend}) {
     SCOPED_TRACE(reuse_mode_name(m));
     GenerateOptions o = greedy(8);
     o.segment_starts = segs;
@@ -236,14 +238,46 @@ TEST(EngineDevice, ReorderedChunkCopyInOnTheDevice) {
     EXPECT_EQ(rd.res.n_recomputed, rc.res.n_recomputed);
     expect_same(rd, rc);
   }
-  // CacheBlend's repair pass is CPU-only: the request fails naming it and the device.
-  GenerateOptions b = greedy(2);
-  b.segment_starts = segs;
-  b.reuse.mode = ReuseMode::kCacheBlend;
-  b.reuse.store = false;
-  b.reuse.guard_lead = 0;
-  const std::string e = error_of([&] { dev->generate_ids(ids, b); });
-  EXPECT_NE(e.find("device cuda:0: CacheBlend repair"), std::string::npos) << e;
+}
+
+// CacheBlend on the tiled kernels (head_dim 32, GQA 8 over 2): three 90-token documents stored
+// in one order and reused in another, with gradual filtering (two selections), against the CPU.
+TEST(EngineDevice, CacheBlendOnTheDeviceMatchesTheCpu) {
+  REQUIRE_GPU();
+  EngineOptions eo;
+  eo.chunk_size = 32;
+  auto cpu = Engine::load(gqa_model(), on(Device{}, eo));
+  auto dev = Engine::load(gqa_model(), on(kCuda, eo));
+  std::vector<std::vector<int32_t>> docs(3);
+  for (int d = 0; d < 3; ++d)
+    for (int i = 0; i < 90; ++i) docs[size_t(d)].push_back(int32_t((i * (7 + 2 * d) + 11 * d) % 200 + 3));
+  auto build = [&](std::initializer_list<int> order, std::vector<int64_t>* segs) {
+    std::vector<int32_t> ids = {1, 5, 9, 17};
+    segs->clear();
+    for (int d : order) {
+      segs->push_back(int64_t(ids.size()));
+      ids.insert(ids.end(), docs[size_t(d)].begin(), docs[size_t(d)].end());
+    }
+    segs->push_back(int64_t(ids.size()));
+    for (int32_t q : {40, 41, 42, 43, 44}) ids.push_back(q);
+    return ids;
+  };
+  std::vector<int64_t> segs;
+  const auto first = build({0, 1, 2}, &segs);
+  GenerateOptions store = greedy(1);
+  store.segment_starts = segs;
+  for (Engine* e : {cpu.get(), dev.get()}) e->generate_ids(first, store);
+  const auto ids = build({1, 2, 0}, &segs);
+  GenerateOptions o = greedy(6);
+  o.segment_starts = segs;
+  o.reuse.mode = ReuseMode::kCacheBlend;
+  o.reuse.store = false;
+  o.reuse.guard_lead = 0;
+  const DevRun rc = generate(*cpu, ids, o), rd = generate(*dev, ids, o);
+  EXPECT_GT(rd.res.n_reused, 0);
+  EXPECT_EQ(rd.res.n_reused, rc.res.n_reused);
+  EXPECT_EQ(rd.res.n_recomputed, rc.res.n_recomputed);
+  expect_same(rd, rc);
 }
 
 // Issue 29's "TTFT with chunk reuse on the GPU": three 600-token documents stored in one order,

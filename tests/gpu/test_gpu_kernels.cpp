@@ -9,6 +9,7 @@
 
 #include "cuda_kernels.h"
 #include "kvboost/common.h"
+#include "kvboost/model.h"
 #include "test_util.h"
 
 using namespace kvboost;
@@ -414,6 +415,25 @@ TEST(CudaKernels, PagedAttentionSimpleMatchesReference) {
 
 // The K/V write into scattered slots, the row gather, and key re-rotation against
 // kernels::rope_shift (the cos / sin table computed as the runner does).
+// CacheBlend's measure: each fresh row against the pool row its slot holds, as
+// BlendSchedule::deviation computes it on the CPU (rows of 48 floats: lanes stride past 32).
+TEST(CudaKernels, KvDeviationMatchesBlendSchedule) {
+  REQUIRE_DEVICE();
+  const int64_t row = 48, n = 11, pool_rows = 16;
+  const auto k = randv(size_t(n * row), 51), v = randv(size_t(n * row), 52);
+  const auto kp = randv(size_t(pool_rows * row), 53), vp = randv(size_t(pool_rows * row), 54);
+  const std::vector<int64_t> slots = {15, 0, 3, 9, 2, 7, 1, 4, 12, 5, 8};
+  Dev dk(k), dv(v), ds(slots), dkp(kp), dvp(vp), dout(size_t(n) * 4);
+  cuda::kv_deviation(dk.f(), dv.f(), static_cast<const int64_t*>(ds.p), dkp.f(), dvp.f(), dout.f(), n, row, nullptr);
+  std::vector<float> want(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t sl = slots[size_t(i)];
+    want[size_t(i)] = BlendSchedule::deviation(k.data() + i * row, v.data() + i * row, kp.data() + sl * row,
+                                               vp.data() + sl * row, row);
+  }
+  expect_close(dout.get(size_t(n)), want, 1e-5, "kv_deviation");
+}
+
 TEST(CudaKernels, KvWriteGatherAndRopeShift) {
   REQUIRE_DEVICE();
   const int64_t row = 2 * 16, n = 5, pool_rows = 12;

@@ -200,5 +200,39 @@ TEST(ForwardBlend, GradualFilteringFindsTokensThatDeviateOnlyInLaterLayers) {
   EXPECT_THROW(y.blend(bo), Error);
 }
 
+
+// The schedule both the CPU pass and the device pass select by (BlendSchedule).
+TEST(BlendSchedule, CountsTaperSelectionAndDeviation) {
+  std::vector<uint8_t> reused(11, 1);
+  reused[3] = 0;  // a new token: never a candidate
+  BlendOptions bo;
+  bo.check_layer = 1, bo.ratio = 0.2f, bo.first_ratio = 0.6f, bo.taper_layers = 2, bo.reused = reused.data();
+  const BlendSchedule s(bo, 11, 4);
+  // candidates: 0..9 but 3 (the last token, 10, is always computed) = 9
+  EXPECT_EQ(s.n_candidates(), 9);
+  EXPECT_FALSE(s.is_candidate(3));
+  EXPECT_FALSE(s.is_candidate(10));
+  EXPECT_EQ(s.keep_at(1), 6);          // ceil(0.6 * 9)
+  EXPECT_EQ(s.keep_at(2), 2 + 4 / 2);  // halfway down to ceil(0.2 * 9) = 2
+  EXPECT_EQ(s.keep_at(3), 2);
+  EXPECT_TRUE(s.selects_at(1, 9));
+  EXPECT_TRUE(s.selects_at(2, 6));
+  EXPECT_FALSE(s.selects_at(3, 2));
+  // rows in order 0..10; deviation rises with the row, ties go to the earlier row
+  std::vector<int64_t> tok(11);
+  std::vector<float> dev(11);
+  for (int64_t i = 0; i < 11; ++i) tok[size_t(i)] = i, dev[size_t(i)] = float(i % 5);
+  int64_t kept = -1;
+  const std::vector<uint8_t> keep = s.select(3, tok, dev, &kept);
+  EXPECT_EQ(kept, 2);
+  // two largest among candidates: 4 (dev 4) and 9 (dev 4); 3 and 10 kept as non-candidates
+  EXPECT_EQ(keep, (std::vector<uint8_t>{0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1}));
+  EXPECT_THROW(s.select(3, tok, std::vector<float>(3), &kept), Error);
+  bo.ratio = -0.1f;
+  EXPECT_THROW(BlendSchedule(bo, 11, 4), Error);
+  const float k[2] = {1, 0}, v[2] = {0, 2}, ck[2] = {0, 0}, cv[2] = {0, 1};
+  EXPECT_FLOAT_EQ(BlendSchedule::deviation(k, v, ck, cv, 2), 1.0f + 1.0f / 4.0f);
+}
+
 }  // namespace
 }  // namespace kvboost

@@ -112,6 +112,12 @@ void matmul_q4(cublasHandle_t h, const float* x, const void* w, WType wt, const 
 // paged slots; CPU: kv::KvLayout::write_rows, one run of rows at a time).
 void kv_write_slots(const float* k, const float* v, const int64_t* slots, float* k_pool, float* v_pool, int64_t n,
                     int64_t row, cudaStream_t s);
+// CacheBlend's measure on the device: dev[i] = |k_i - K[slots[i]]|^2 / |k_i|^2 + |v_i - V[slots[i]]|^2 /
+// |v_i|^2 (in double) of each fresh row k, v [n, row] against the row its slot holds in the
+// pools (the cached K/V, before the fresh row is written). One warp per row. CPU reference:
+// BlendSchedule::deviation (kvboost/model.h).
+void kv_deviation(const float* k, const float* v, const int64_t* slots, const float* k_pool, const float* v_pool,
+                  float* dev, int64_t n, int64_t row, cudaStream_t s);
 // y[i, :] = x[idx[i], :], i < n, rows of `width` floats; idx (device) int64.
 void gather_rows(const float* x, const int64_t* idx, float* y, int64_t n, int64_t width, cudaStream_t s);
 // As kernels::rope_shift with its cos / sin table of the shift precomputed on the host

@@ -100,6 +100,26 @@ __global__ void simple_attention_kernel(const float* __restrict__ q, const float
     if (lane + 32 * u < hd) orow[lane + 32 * u] = o[u] * inv;
 }
 
+// One warp per row (8 rows per 256-thread block): the four sums of BlendSchedule::deviation in
+// double, lanes striding the row.
+__global__ void deviation_kernel(const float* k, const float* v, const int64_t* slots, const float* kp,
+                                 const float* vp, float* dev, int64_t n, int64_t row) {
+  const int64_t i = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (i >= n) return;  // the whole warp leaves together
+  const float* fk = k + i * row;
+  const float* fv = v + i * row;
+  const float* ck = kp + slots[i] * row;
+  const float* cv = vp + slots[i] * row;
+  double dk2 = 0, dv2 = 0, k2 = 0, v2 = 0;
+  for (int64_t j = lane; j < row; j += 32) {
+    const double kk = fk[j], vv = fv[j], dk = kk - double(ck[j]), dv = vv - double(cv[j]);
+    dk2 += dk * dk, dv2 += dv * dv, k2 += kk * kk, v2 += vv * vv;
+  }
+  dk2 = warp_sum(dk2), dv2 = warp_sum(dv2), k2 = warp_sum(k2), v2 = warp_sum(v2);
+  if (lane == 0) dev[i] = float(dk2 / fmax(k2, 1e-30) + dv2 / fmax(v2, 1e-30));
+}
+
 }  // namespace
 
 void kv_write_slots(const float* k, const float* v, const int64_t* slots, float* k_pool, float* v_pool, int64_t n,
@@ -107,6 +127,14 @@ void kv_write_slots(const float* k, const float* v, const int64_t* slots, float*
   if (n <= 0 || row <= 0) return;
   kv_write_kernel<<<grid_for(n * row), kThreads, 0, s>>>(k, v, slots, k_pool, v_pool, n, row);
   check(cudaGetLastError(), "kv_write_slots");
+}
+
+void kv_deviation(const float* k, const float* v, const int64_t* slots, const float* k_pool, const float* v_pool,
+                  float* dev, int64_t n, int64_t row, cudaStream_t s) {
+  if (n <= 0 || row <= 0) return;
+  if (n > 0x7fffffff) fail("kv_deviation: ", n, " rows");
+  deviation_kernel<<<unsigned((n + 7) / 8), 256, 0, s>>>(k, v, slots, k_pool, v_pool, dev, n, row);
+  check(cudaGetLastError(), "kv_deviation");
 }
 
 void gather_rows(const float* x, const int64_t* idx, float* y, int64_t n, int64_t width, cudaStream_t s) {
