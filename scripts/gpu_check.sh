@@ -26,10 +26,10 @@ carry=build-cuda/carry
 if [[ "$mode" == "stage" ]]; then
   set -e
   [[ -f build-cuda/build.ninja ]] || cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBOOST_CUDA=ON
-  ninja -C build-cuda -j"${KVBOOST_JOBS:-2}" test_gpu test_gpu_kernels gpu_stream_bench gpu_attention_bench kvboost-fixture
+  ninja -C build-cuda -j"${KVBOOST_JOBS:-2}" test_gpu test_gpu_kernels gpu_stream_bench gpu_attention_bench kvboost-fixture kvboost
   rm -rf "$carry"
   mkdir -p "$carry/bin" "$carry/lib" "$carry/shared/models"
-  for b in tests/gpu/test_gpu tests/gpu/test_gpu_kernels bench/gpu_stream_bench bench/gpu_attention_bench kvboost-fixture; do
+  for b in tests/gpu/test_gpu tests/gpu/test_gpu_kernels bench/gpu_stream_bench bench/gpu_attention_bench kvboost-fixture kvboost; do
     strip -o "$carry/bin/$(basename "$b")" "build-cuda/$b"
   done
   # Libraries a bare CUDA image may lack (Debian 12 sonames): everything the binaries resolve
@@ -147,9 +147,15 @@ if [[ "${KVBOOST_GPU_CHECK_BENCH:-1}" == "1" ]]; then
   timeout 300 "$bin/gpu_stream_bench" --model "$models/awq7b" --prompt 256 --context 128 --decode 16 --reps 3 \
     --slots 0 | tee "$out/gpu_stream_bench_awq7b.txt" || rc=1
 
-  # TTFT with chunk reuse on the GPU: printed by EngineDevice.TtftWithChunkReusePrinted above
-  # (`kvboost bench reuse` has no --device yet).
+  # TTFT with chunk reuse on the GPU: printed by EngineDevice.TtftWithChunkReusePrinted above,
+  # and the reuse benchmark itself on the device (every mode, CacheBlend included) beside the
+  # same run on the host CPU, on stories260K (512 positions: short RAG prompts).
   grep '^TTFT on' "$out/test_engine_device.txt" || echo "TTFT with chunk reuse: not printed (see the EngineDevice step)"
+  step "kvboost bench reuse --device cuda vs cpu (stories260K, RAG)"
+  for d in cuda cpu; do
+    timeout 120 "$bin/kvboost" bench reuse --model "$PWD/$carry/shared/models/stories260K" --device "$d" --scenarios rag --runs 5 \
+      --docs 3 --pool 6 --doc-words 25 --sys-words 20 --chunk 32 | tee "$out/bench_reuse_$d.txt" || rc=1
+  done
 fi
 
 if [[ "${KVBOOST_GPU_CHECK_SANITIZE:-1}" == "1" ]]; then

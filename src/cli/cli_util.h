@@ -115,6 +115,7 @@ void add_repair_options(CLI::App* c, ReusePolicy& p);
 struct NeedleArgs {
   std::string model, corpus, quant = "f32", per_prompt;
   std::string modes = "prefix,selective,cacheblend,auto";
+  std::string device = "cpu";  // --device (parse_device_flag)
   std::string calibrate;  // non-empty: write the guard's calibration there (save_calibration)
   std::string guard_file;     // the guard's starting calibration (EngineOptions::guard_file)
   std::string chat_template;  // a Jinja file or built-in name; empty: the model's own, if any

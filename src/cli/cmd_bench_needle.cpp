@@ -146,8 +146,9 @@ struct ModeRow {
 }  // namespace
 
 void run_needle(const NeedleArgs& a) {
-  const std::vector<std::string> words = read_words(a.corpus);
   EngineOptions eo;
+  eo.load.device = parse_device_flag(a.device);  // first: a bad --device is the first error
+  const std::vector<std::string> words = read_words(a.corpus);
   eo.chunk_size = a.chunk;
   eo.chunk_store.quant = kv::parse_kv_quant(a.quant);
   eo.load.progress = nullptr;

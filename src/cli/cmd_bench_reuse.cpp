@@ -318,6 +318,7 @@ struct Args {
   ReusePolicy repair;  // repair parameters (the mode is set per row)
   uint64_t seed = 1;
   std::string per_prompt;  // file for one line per prompt and mode (empty: none)
+  std::string device = "cpu";  // --device: where the engine runs (cuda[:N]: the device runner)
 };
 
 void run_bench(const Args& a) {
@@ -326,6 +327,7 @@ void run_bench(const Args& a) {
   for (size_t m : modes)
     if (m <= 1) coding_modes.push_back(m);
   EngineOptions eo;
+  eo.load.device = parse_device_flag(a.device);  // first: a bad --device is the first error
   eo.chunk_size = a.chunk;
   eo.chunk_store.quant = kv::parse_kv_quant(a.quant);
   eo.load.progress = nullptr;
@@ -502,6 +504,7 @@ void add_bench_reuse(CLI::App* bench) {
   c->add_option("--calibrate", a->calibrate,
                 "Write what the guard learned (each approximate prompt's lead error vs the full prefill) to this file, or "
                 "to DIR/guard-<model id>.txt for a directory (a chunk store's, loaded by serve/generate --chunk-store DIR)");
+  c->add_option("--device", a->device, kDeviceHelp)->capture_default_str();
   c->add_option("--guard-file", a->guard_file,
                 "needle: start the guard from this calibration file (written by --calibrate; updated as the guard learns)");
   c->add_option("--chat-template", a->chat_template,
@@ -514,7 +517,7 @@ void add_bench_reuse(CLI::App* bench) {
     n.model = a->model, n.corpus = a->corpus, n.quant = a->quant, n.per_prompt = a->per_prompt;
     n.calibrate = a->calibrate, n.prompts = a->runs, n.docs = a->docs, n.pool = a->pool, n.doc_words = a->doc_words;
     n.chunk = a->chunk, n.max_tokens = a->max_tokens, n.seed = a->seed, n.repair = a->repair;
-    n.guard_file = a->guard_file, n.chat_template = a->chat_template;
+    n.guard_file = a->guard_file, n.chat_template = a->chat_template, n.device = a->device;
     std::string modes;  // (the bench's default list minus none: the needle task's default)
     for (const char* m : {"prefix", "none", "selective", "cacheblend", "auto"})
       if (a->modes.find(m) != std::string::npos && (std::string(m) != "none" || a->modes != Args{}.modes))

@@ -128,14 +128,15 @@ TEST(Cli, HeadQuantOption) {
   EXPECT_EQ(r.out.rfind("Once upon a time, there was a little girl named Lily.", 0), 0u) << r.out;
 }
 
-// --device on generate, serve and bench model (issue 29): cpu is the default and runs; a bad
+// --device on generate, serve, bench model and bench reuse (issue 29): cpu is the default and runs; a bad
 // value names itself before the model is looked at; CUDA says why it cannot run here.
 TEST(Cli, DeviceOption) {
   Proc r = run("generate --model /nonexistent -p hi --device gpu0");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("--device: \"gpu0\" is not a device (cpu, cuda, cuda:N"), std::string::npos) << r.err;
   for (const char* cmd : {"generate --model /nonexistent -p hi", "serve --model /nonexistent",
-                          "bench model --model /nonexistent"}) {
+                          "bench model --model /nonexistent", "bench reuse --model /nonexistent",
+                          "bench reuse --task needle --corpus /nonexistent --model /nonexistent"}) {
     r = run(std::string(cmd) + " --device cuda:1");
     EXPECT_EQ(r.rc, 1) << cmd;
     if (kvboost::kernels::cuda_device_count() >= 2) {  // cuda:1 is usable: the engine looks for the model
