@@ -250,13 +250,25 @@ void launch_prefill(const float* q, const void* k, const void* v, const int32_t*
                     float scale, cudaStream_t s) {
   const int bk = hd <= 128 ? 32 : 16;
   const size_t smem = sizeof(float) * size_t(kWarps * kQueriesPerWarp * hd + 2 * bk * (hd + 1));
-  static thread_local int raised_device = -1;  // 256-dim tiles need more than the default 48 KiB
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  if (raised_device != dev) {
-    check(cudaFuncSetAttribute(flash_prefill_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024),
-          "cudaFuncSetAttribute(flash_prefill_kernel)");
-    raised_device = dev;
+  // Above the default 48 KiB (head_dim 256: 49,280 bytes) the kernel must opt in, up to the
+  // device's limit (sm_90: 227 KiB; sm_75: 64 KiB): raised to what this tile needs, once per
+  // device and thread, and an Error naming both sizes where the card cannot give it.
+  if (smem > 48 * 1024) {
+    static thread_local size_t raised[64] = {};
+    int dev = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    if (dev < 0 || dev >= 64) fail("flash_attention_paged: device index ", dev, " (0..63)");
+    if (raised[dev] < smem) {
+      int optin = 0;
+      check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+            "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+      if (size_t(optin) < smem)
+        fail("flash_attention_paged: head_dim ", hd, " needs ", smem, " bytes of shared memory per block; device cuda:",
+             dev, " allows ", optin);
+      check(cudaFuncSetAttribute(flash_prefill_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+            "cudaFuncSetAttribute(flash_prefill_kernel)");
+      raised[dev] = smem;
+    }
   }
   const dim3 grid{unsigned((n_q + kWarps * kQueriesPerWarp - 1) / (kWarps * kQueriesPerWarp)), unsigned(nh)};
   flash_prefill_kernel<T><<<grid, kWarps * 32, smem, s>>>(
