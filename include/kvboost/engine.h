@@ -259,6 +259,9 @@ class Engine {
 
   kv::KvStats kv_stats() const;
   int64_t kv_block_size() const;
+  // Forward passes the CUDA device runner has run since load (0 on the CPU backend): lets a
+  // caller (and the device tests) check that work ran on the device.
+  int64_t device_passes() const;
   // Speculative decoding totals since load (for metrics).
   struct SpecStats {
     int64_t drafted = 0, accepted = 0, passes = 0, tokens = 0;  // passes: verification passes

@@ -138,6 +138,11 @@ kv::KvStats Engine::Impl::kv_stats() const {
   return kv_->stats();
 }
 
+int64_t Engine::Impl::device_passes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return runner_ ? runner_->device_passes() : 0;
+}
+
 bool Engine::Impl::has_work() const {
   std::lock_guard<std::mutex> lock(mu_);
   return !waiting_.empty() || !running_.empty();

@@ -30,6 +30,7 @@ StepStats Engine::step() { return impl_->step(); }
 bool Engine::has_work() const { return impl_->has_work(); }
 bool Engine::idle_work() { return impl_->idle_work(); }
 kv::KvStats Engine::kv_stats() const { return impl_->kv_stats(); }
+int64_t Engine::device_passes() const { return impl_->device_passes(); }
 int64_t Engine::kv_block_size() const { return impl_->block_size_; }
 Engine::SpecStats Engine::spec_stats() const { return impl_->spec_stats(); }
 bool Engine::has_draft_model() const { return impl_->draft_ != nullptr; }

@@ -35,6 +35,7 @@ struct Engine::Impl {
   bool has_work() const;
   bool idle_work();
   kv::KvStats kv_stats() const;
+  int64_t device_passes() const;
   SpecStats spec_stats() const;
   GuardCalibration guard_calibration() const;
   void guard_observe(ReuseMode mode, float error);

@@ -165,6 +165,8 @@ float ModelRunner::deviation(kv::SeqId seq, std::span<const int64_t> rows, std::
   return float(sum / double(std::max<int64_t>(1, n_terms)));
 }
 
+int64_t ModelRunner::device_passes() const { return dev_ ? dev_->passes() : 0; }
+
 BlendStats ModelRunner::run_blend(const PlannedBlend& b, double* ms) {
   const double t0 = now_ms();
   const BlendStats bs = dev_ ? dev_->forward_blend(b.tokens, b.n, b.n_past, kv_.block_table(b.seq), b.opts, b.logits)

@@ -33,6 +33,7 @@ class ModelRunner {
               const kernels::Device& device = {}, int64_t rows_hint = 512);
   ~ModelRunner();
   bool on_device() const { return dev_ != nullptr; }
+  int64_t device_passes() const;  // PagedRunner::passes(); 0 on the CPU
 
   // A sequence's K/V as the model sees them: the pools, its block table, n_past stored tokens.
   // The host pools: Error on a device (nothing on the device reads a host view).

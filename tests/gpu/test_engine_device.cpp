@@ -59,6 +59,7 @@ struct DevRun {
   std::vector<int32_t> ids;
   std::vector<std::vector<float>> logits;  // before each generated token
   GenerateResult res;
+  int64_t device_passes = 0;  // Engine::device_passes() during the request
 };
 
 GenerateOptions greedy(int n) {
@@ -71,7 +72,9 @@ GenerateOptions greedy(int n) {
 DevRun generate(Engine& e, const std::vector<int32_t>& prompt, GenerateOptions o) {
   DevRun r;
   o.on_logits = [&](const float* l, int64_t v) { r.logits.emplace_back(l, l + v); };
+  const int64_t passes0 = e.device_passes();
   r.res = e.generate_ids(prompt, o);
+  r.device_passes = e.device_passes() - passes0;
   r.ids = r.res.output_ids;
   return r;
 }
@@ -84,6 +87,8 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& ref) {
 }
 
 void expect_same(const DevRun& dev, const DevRun& cpu, double tol = kTol) {
+  EXPECT_GT(dev.device_passes, 0);  // the request ran on the device runner
+  EXPECT_EQ(cpu.device_passes, 0);
   EXPECT_EQ(dev.ids, cpu.ids);
   ASSERT_EQ(dev.logits.size(), cpu.logits.size());
   for (size_t i = 0; i < cpu.logits.size(); ++i) EXPECT_LE(rel_err(dev.logits[i], cpu.logits[i]), tol) << "step " << i;
@@ -92,6 +97,15 @@ void expect_same(const DevRun& dev, const DevRun& cpu, double tol = kTol) {
 }  // namespace
 
 // ---- every build ----
+
+TEST(EngineDevice, CpuBackendRunsNoDevicePasses) {
+  KVBOOST_REQUIRE_PATH(stories());
+  auto cpu = Engine::load(stories(), on(Device{}));
+  const DevRun r = generate(*cpu, {1, 400, 300, 200}, greedy(3));
+  EXPECT_EQ(r.ids.size(), 3u);
+  EXPECT_EQ(r.device_passes, 0);
+  EXPECT_EQ(cpu->device_passes(), 0);
+}
 
 TEST(EngineDevice, CudaThroughEngineLoadSaysWhy) {
   KVBOOST_REQUIRE_PATH(stories());
