@@ -5,9 +5,9 @@
 // is unpacked in registers to 32 small integers per 32-element sub-block, and each (token, row)
 // pair costs one integer dot product per sub-block: _mm256_maddubs_epi16 (u8 x s8 -> pairs of
 // s16) and _mm256_madd_epi16 (pairs -> s32, multiplied by Q6_K's per-16 scales on the way),
-// then one f32 FMA with weight scale x activation scale. Signed weights (Q8_0, Q5_0, Q6_K after
-// subtracting 32) go through the sign trick (|w| times x with w's sign); Q4_0 / Q4_Z stay
-// unsigned nibbles and their zero point is subtracted as z times the activation block's integer
+// then one f32 FMA with weight scale x activation scale. Signed weights (Q8_0, Q6_K after
+// subtracting 32) go through the sign trick (|w| times x with w's sign); Q4_0 / Q4_Z / Q5_0 stay
+// unsigned (nibbles; Q5_0's 0..31) and their zero point is subtracted as z times the activation block's integer
 // sum; Q4_K / Q5_K are unsigned and their mins become one extra FMA per 256 elements against the
 // activation block sums (the lanes of the accumulator are summed at the end, so the 8 sub-block
 // min terms can sit in the 8 lanes).
@@ -82,14 +82,11 @@ struct Q<WType::Q4_0> {
   static constexpr int kQsOffset = 2;
 };
 
+// Q5_0 also runs in tile_z: the 5-bit values unsigned (0..31), zero point 16.
 template <>
 struct Q<WType::Q5_0> {
   static constexpr int kElems = 32, kBytes = 22, kSubs = 1;
-  static constexpr bool kSigned = true, kMin = false, kScale16 = false;
-  static void prep(const uint8_t* b, RowState& r) { r.b = b, r.fsc[0] = h2f(b); }
-  static __m256i unpack(const RowState& r, int) {
-    return _mm256_sub_epi8(_mm256_or_si256(nibbles16(r.b + 6), q5_high_bits(r.b + 2)), _mm256_set1_epi8(16));
-  }
+  static constexpr int kQsOffset = 6;
 };
 
 template <>
@@ -203,13 +200,15 @@ inline void store_tile(const __m256 (&acc)[MR][NR], const __m128* zacc, const fl
   }
 }
 
-// Q4_0 / Q4_Z tile (same contract as tile below). Per block the nibbles stay unsigned (0..15,
+// Q4_0 / Q4_Z / Q5_0 tile (same contract as tile below). Per block the nibbles stay unsigned (0..15,
 // maddubs' u8 operand as they are) and the zero point z (Q4_Z's byte, 8 for Q4_0) is taken out
 // afterwards in f32: sum_k d_w (q_k - z) d_x x_k = d_w d_x sum q x - d_w z (d_x sum x), where
 // d_x sum x is the activation block's s (QAct). The NR rows' block headers (f16 d, z) are
 // gathered into one vector: one f16 conversion, one multiply by d_x and one zero-point FMA per
 // block serve all NR rows, and each row's scale is a lane broadcast. Against the sign-trick path
-// of tile_generic this is ~12 instead of ~21 instructions per block and row in decode.
+// of tile_generic this is ~12 instead of ~21 instructions per block and row in decode. Q5_0 is
+// the same with its fifth bits OR-ed in (q5_high_bits) and z = 16: no sign trick, no per-row
+// scale conversion (its header's first 4 bytes are d and half of qh; only d is picked).
 template <WType WT, int MR, int NR>
 inline void tile_z(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t n0, const float* bias,
                    float* y, int64_t N, const uint8_t* pf) {
@@ -240,9 +239,12 @@ inline void tile_z(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64
     if constexpr (WT == WType::Q4_Z)
       dz = _mm_mul_ps(dw, _mm_cvtepi32_ps(_mm_and_si128(_mm_srli_epi32(hdr, 16), _mm_set1_epi32(0xFF))));
     else
-      dz = _mm_mul_ps(dw, _mm_set1_ps(8.0f));
+      dz = _mm_mul_ps(dw, _mm_set1_ps(WT == WType::Q5_0 ? 16.0f : 8.0f));
     __m256i wq[NR];
-    for (int r = 0; r < NR; ++r) wq[r] = nibbles16(row[r] + off + T::kQsOffset);
+    for (int r = 0; r < NR; ++r) {
+      wq[r] = nibbles16(row[r] + off + T::kQsOffset);
+      if constexpr (WT == WType::Q5_0) wq[r] = _mm256_or_si256(wq[r], q5_high_bits(row[r] + off + 2));
+    }
     for (int t = 0; t < MR; ++t) {
       const int64_t ab = (m0 + t) * nb + blk;
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (m0 + t) * K + blk * 32));
@@ -377,7 +379,7 @@ inline void tile_z128(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, in
   store_tile<MR, NR>(acc, zacc, bias, y, m0, n0, N);
 }
 
-// The sign-trick / K-quant tile (Q5_0, Q4_K, Q5_K, Q6_K), below.
+// The sign-trick / K-quant tile (Q4_K, Q5_K, Q6_K), below.
 template <WType WT, int MR, int NR>
 inline void tile_generic(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t n0, const float* bias,
                          float* y, int64_t N, const uint8_t* pf);
@@ -388,7 +390,7 @@ inline void tile_generic(const QAct& a, int64_t m0, const uint8_t* w, size_t rb,
 template <WType WT, int MR, int NR>
 inline void tile(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t n0, const float* bias,
                  float* y, int64_t N, const uint8_t* pf) {
-  if constexpr (WT == WType::Q4_0 || WT == WType::Q4_Z) {
+  if constexpr (WT == WType::Q4_0 || WT == WType::Q4_Z || WT == WType::Q5_0) {
     return tile_z<WT, MR, NR>(a, m0, w, rb, n0, bias, y, N, pf);
   } else if constexpr (WT == WType::Q4_Z128) {
     return tile_z128<MR, NR>(a, m0, w, rb, n0, bias, y, N, pf);
