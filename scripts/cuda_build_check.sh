@@ -40,7 +40,8 @@ else
     src/gpu/CMakeFiles/kvboost_gpu.dir/paged_blend.cpp.o \
     src/kernels/CMakeFiles/kvboost_kernels.dir/device.cpp.o \
     bench/CMakeFiles/gpu_attention_bench.dir/gpu_attention_bench.cpp.o \
-    tests/gpu/CMakeFiles/test_gpu_kernels.dir/test_gpu_kernels.cpp.o
+    tests/gpu/CMakeFiles/test_gpu_kernels.dir/test_gpu_kernels.cpp.o \
+    tests/gpu/CMakeFiles/test_nccl.dir/test_nccl.cpp.o
   # NCCL is optional (src/dist/CMakeLists.txt): its file is compiled where the toolkit has it.
   if ninja -C "$dir" -t targets all | grep -q '^src/dist/CMakeFiles/kvboost_dist.dir/nccl.cpp.o:'; then
     ninja -C "$dir" -j "$jobs" src/dist/CMakeFiles/kvboost_dist.dir/nccl.cpp.o

@@ -26,10 +26,10 @@ carry=build-cuda/carry
 if [[ "$mode" == "stage" ]]; then
   set -e
   [[ -f build-cuda/build.ninja ]] || cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBOOST_CUDA=ON
-  ninja -C build-cuda -j"${KVBOOST_JOBS:-2}" test_gpu test_gpu_kernels gpu_stream_bench gpu_attention_bench kvboost-fixture kvboost
+  ninja -C build-cuda -j"${KVBOOST_JOBS:-2}" test_gpu test_gpu_kernels test_nccl gpu_stream_bench gpu_attention_bench kvboost-fixture kvboost
   rm -rf "$carry"
   mkdir -p "$carry/bin" "$carry/lib" "$carry/shared/models"
-  for b in tests/gpu/test_gpu tests/gpu/test_gpu_kernels bench/gpu_stream_bench bench/gpu_attention_bench kvboost-fixture kvboost; do
+  for b in tests/gpu/test_gpu tests/gpu/test_gpu_kernels tests/gpu/test_nccl bench/gpu_stream_bench bench/gpu_attention_bench kvboost-fixture kvboost; do
     strip -o "$carry/bin/$(basename "$b")" "build-cuda/$b"
   done
   # Libraries a bare CUDA image may lack (Debian 12 sonames): everything the binaries resolve
@@ -90,6 +90,9 @@ rc=0
 
 step "test_gpu_kernels (CUDA kernels vs CPU references)"
 timeout 120 "$bin/test_gpu_kernels" --gtest_output="xml:$out/test_gpu_kernels.xml" || rc=1
+
+step "test_nccl (NCCL all-reduce / all-gather / barrier, one rank per visible GPU)"
+timeout 120 "$bin/test_nccl" --gtest_output="xml:$out/test_nccl.xml" || rc=1
 
 step "test_gpu (GPU decoder vs CPU decoder, stories260K greedy, streamed == resident)"
 timeout 180 "$bin/test_gpu" --gtest_filter='-EngineDevice.*' --gtest_output="xml:$out/test_gpu.xml" || rc=1
