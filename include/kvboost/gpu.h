@@ -164,6 +164,28 @@ struct StreamTimeline {
 StreamTimeline simulate_layer_stream(const StreamPlan& plan, const std::vector<uint64_t>& layer_bytes,
                                      double h2d_bytes_per_s, const std::vector<double>& compute_s, int passes = 3);
 
+// The plan as the runner issues it, layer by layer (src/gpu/stream_walk.cpp; every build): for
+// each layer of one pass, the slot it reads and the copy-stream / compute-stream calls around
+// its compute. A runner keeps two walks: `cold` for a pass with no copy of an earlier pass
+// pending (the first one, or after a pass failed midway and both streams were synchronized),
+// whose first layer issues the plan's prologue; the warm walk for every pass after a complete
+// one, whose copies of its first streamed layers the previous pass's last computes issued.
+struct StreamCopy {
+  int64_t layer = 0, slot = 0;
+  bool wait_free = false;  // the copy stream waits on free[slot] first (the slot's last compute)
+};
+struct LayerStreamActions {
+  int64_t layer = 0;
+  int64_t slot = -1;               // the slot the compute reads; -1: resident weights
+  std::vector<StreamCopy> before;  // issued before the compute (the cold walk's first layer: the prologue)
+  bool wait_filled = false;        // compute stream waits on filled[slot] before the compute
+  bool record_free = false;        // compute stream records free[slot] after it
+  std::vector<StreamCopy> after;   // issued after record_free: the copy into the slot it freed
+};
+// [n_layers] actions in layer order, each copy followed by a record of filled[slot]. Error when
+// the plan's steps do not compute layers 0 .. n - 1 in order.
+std::vector<LayerStreamActions> walk_layer_stream(const StreamPlan& plan, bool cold);
+
 // ---- the engine's paged device runner (issue 29; docs/gpu.md "The engine on a CUDA device") ----
 // The runtime's ModelRunner (src/runtime/runner.h) hands its passes here when the engine runs on
 // a CUDA device. The device holds the weights (uploaded once: F32/F16/BF16 as stored, AWQ layers
@@ -266,12 +288,18 @@ struct PagedRunnerOptions {
   int device = 0;
   PoolLayout pool;           // n_blocks and block_size: the CPU KvCacheManager's
   int64_t rows_hint = 512;   // scratch is sized for this many rows first and grows as passes need
+  // Device bytes for weights, pools and scratch (LoadOptions::vram_budget). 0: every layer
+  // resident. Otherwise plan_layer_stream decides: the layers it does not keep resident live in
+  // pinned host memory (AWQ ones packed, 4-bit) and are copied on a copy stream into two device
+  // slots while the layer before them computes (src/gpu/paged_stream.cpp).
+  uint64_t vram_budget = 0;
 };
 
 // Errors (at create): built without CUDA; no device; an architecture or config the device pass
 // does not run (gemma3: its sandwich norms, GELU gate, embedding scale and local RoPE base),
 // head_dim above 256; weight dtypes other than F32/F16/BF16 and AutoAWQ 4-bit; not enough device
-// memory for the weights plus both pools (naming the bytes). Not thread-safe: the engine calls
+// memory for the weights plus both pools, or for the resident layers, the streaming slots and the
+// pools under vram_budget (naming the bytes). Not thread-safe: the engine calls
 // it under its lock.
 class PagedRunner {
  public:
@@ -306,6 +334,10 @@ class PagedRunner {
   const PoolLayout& pool() const;
   size_t device_weight_bytes() const;
   int64_t passes() const;  // forward passes run
+  // Layer streaming (PagedRunnerOptions::vram_budget): layers streamed from the host each pass
+  // (0: every layer resident), and the layer bytes copied host -> device so far.
+  int64_t streamed_layers() const;
+  uint64_t bytes_h2d() const;
 
   struct Impl;
 

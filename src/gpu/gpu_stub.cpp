@@ -61,5 +61,7 @@ std::vector<float> PagedRunner::snapshot_rows(std::span<const kv::BlockId>, std:
 const PoolLayout& PagedRunner::pool() const { no_cuda("PagedRunner::pool"); }
 size_t PagedRunner::device_weight_bytes() const { no_cuda("PagedRunner::device_weight_bytes"); }
 int64_t PagedRunner::passes() const { no_cuda("PagedRunner::passes"); }
+int64_t PagedRunner::streamed_layers() const { no_cuda("PagedRunner::streamed_layers"); }
+uint64_t PagedRunner::bytes_h2d() const { no_cuda("PagedRunner::bytes_h2d"); }
 
 }  // namespace kvboost::gpu
