@@ -5,11 +5,12 @@
 // is unpacked in registers to 32 small integers per 32-element sub-block, and each (token, row)
 // pair costs one integer dot product per sub-block: _mm256_maddubs_epi16 (u8 x s8 -> pairs of
 // s16) and _mm256_madd_epi16 (pairs -> s32, multiplied by Q6_K's per-16 scales on the way),
-// then one f32 FMA with weight scale x activation scale. Signed weights (Q8_0, Q6_K after
-// subtracting 32) go through the sign trick (|w| times x with w's sign); Q4_0 / Q4_Z / Q5_0 stay
-// unsigned (nibbles; Q5_0's 0..31) and their zero point is subtracted as z times the activation block's integer
-// sum; Q4_K / Q5_K are unsigned and their mins become one extra FMA per 256 elements against the
-// activation block sums (the lanes of the accumulator are summed at the end, so the 8 sub-block
+// then one f32 FMA with weight scale x activation scale. Q8_0 (signed) goes through the sign
+// trick (|w| times x with w's sign); Q4_0 / Q4_Z / Q5_0 stay unsigned (nibbles; Q5_0's 0..31)
+// and their zero point is subtracted as z times the activation block's integer sum; Q6_K stays
+// unsigned (0..63) with its offset 32 taken out of the int16 pairs (tile_q6k); Q4_K / Q5_K are
+// unsigned and their mins become one extra FMA per 256 elements against the activation block
+// sums (the lanes of the accumulator are summed at the end, so the 8 sub-block
 // min terms can sit in the 8 lanes).
 //
 // Tiles of MR tokens x NR rows: a weight sub-block is unpacked once for MR tokens, an activation
@@ -64,7 +65,7 @@ struct Q;
 template <>
 struct Q<WType::Q8_0> {
   static constexpr int kElems = 32, kBytes = 34, kSubs = 1;
-  static constexpr bool kSigned = true, kMin = false, kScale16 = false;
+  static constexpr bool kMin = false;
   static void prep(const uint8_t* b, RowState& r) { r.b = b, r.fsc[0] = h2f(b); }
   static __m256i unpack(const RowState& r, int) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b + 2));
@@ -76,7 +77,7 @@ struct Q<WType::Q8_0> {
 template <>
 struct Q<WType::Q4_0> {
   static constexpr int kElems = 32, kBytes = 18, kSubs = 1;
-  static constexpr bool kSigned = false, kMin = false, kScale16 = false;
+  static constexpr bool kMin = false;
   static void prep(const uint8_t* b, RowState& r) { r.b = b, r.fsc[0] = h2f(b); }
   static __m256i unpack(const RowState& r, int) { return nibbles16(r.b + 2); }
   static constexpr int kQsOffset = 2;
@@ -92,7 +93,7 @@ struct Q<WType::Q5_0> {
 template <>
 struct Q<WType::Q4_Z> {
   static constexpr int kElems = 32, kBytes = 20, kSubs = 1;
-  static constexpr bool kSigned = false, kMin = false, kScale16 = false;
+  static constexpr bool kMin = false;
   static void prep(const uint8_t* b, RowState& r) { r.b = b, r.fsc[0] = h2f(b); }
   static __m256i unpack(const RowState& r, int) { return nibbles16(r.b + 4); }
   static constexpr int kQsOffset = 4;
@@ -107,7 +108,7 @@ struct Q<WType::Q4_Z128> {
 template <bool kFive>
 struct QK45 {
   static constexpr int kElems = 256, kBytes = kFive ? 176 : 144, kSubs = 8;
-  static constexpr bool kSigned = false, kMin = true, kScale16 = false;
+  static constexpr bool kMin = true;
   static void prep(const uint8_t* b, RowState& r) {
     r.b = b;
     const float d = h2f(b), dmin = h2f(b + 2);
@@ -140,37 +141,10 @@ struct Q<WType::Q4_K> : QK45<false> {};
 template <>
 struct Q<WType::Q5_K> : QK45<true> {};
 
+// Q6_K runs in tile_q6k (below); only the block geometry is needed here.
 template <>
 struct Q<WType::Q6_K> {
   static constexpr int kElems = 256, kBytes = 210, kSubs = 8;
-  static constexpr bool kSigned = true, kMin = false, kScale16 = true;
-  static void prep(const uint8_t* b, RowState& r) {
-    r.b = b;
-    const float d = h2f(b + 208);
-    for (int j = 0; j < 8; ++j) r.fsc[j] = d;
-  }
-  // Sub-block j = 4h + k: elements 128h + 32k + l (see dequant.cpp deq_q6_k).
-  static __m256i unpack(const RowState& r, int j) {
-    const int h = j / 4, k = j % 4;
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b + 64 * h + 32 * (k % 2)));
-    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.b + 128 + 32 * h));
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
-    const __m256i l4 = (k / 2) ? _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4) : _mm256_and_si256(lo, m4);
-    __m256i h2;
-    switch (k) {
-      case 0: h2 = _mm256_and_si256(hb, m2); break;
-      case 1: h2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2), m2); break;
-      case 2: h2 = _mm256_and_si256(_mm256_srli_epi16(hb, 4), m2); break;
-      default: h2 = _mm256_and_si256(_mm256_srli_epi16(hb, 6), m2); break;
-    }
-    const __m256i q = _mm256_or_si256(l4, _mm256_slli_epi16(h2, 4));
-    return _mm256_sub_epi8(q, _mm256_set1_epi8(32));
-  }
-  // int16 multipliers of the maddubs pairs: lanes 0..7 (elements 0..15) scale 2j, 8..15 2j + 1.
-  static __m256i scale16(const RowState& r, int j) {
-    const int8_t* sc = reinterpret_cast<const int8_t*>(r.b + 192);
-    return _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
-  }
 };
 
 inline uint32_t load_u32(const uint8_t* p) {
@@ -379,7 +353,70 @@ inline void tile_z128(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, in
   store_tile<MR, NR>(acc, zacc, bias, y, m0, n0, N);
 }
 
-// The sign-trick / K-quant tile (Q4_K, Q5_K, Q6_K), below.
+// Q6_K tile (same contract as tile below). The 6-bit values stay unsigned (0..63) and the
+// offset of 32 is taken out in the int16 pairs: maddubs(q, x) - maddubs(32, x), the second term
+// once per token and sub-block for all NR rows (no sign trick). A row's 16 int8 scales are
+// widened to int16 once per block; sub-block j's multipliers (lanes 0..7: scale 2j, 8..15: 2j+1)
+// are one dword broadcast (vpermd) and one byte shuffle. Sub-block j = 4h + k holds elements
+// 128h + 32k + l: low nibbles of ql[64h + 32(k % 2) + l] (shifted by 4 for k >= 2), two bits of
+// qh[32h + l] at 2k (dequant.cpp deq_q6_k).
+template <int MR, int NR>
+inline void tile_q6k(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t n0, const float* bias,
+                     float* y, int64_t N, const uint8_t* pf) {
+  constexpr int kBytes = 210;
+  const int64_t nblk = a.K / 256, K = a.K, nb = a.nb;
+  __m256 acc[MR][NR];
+  for (int t = 0; t < MR; ++t)
+    for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03), c32 = _mm256_set1_epi8(32);
+  const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+                                        2, 3, 2, 3, 2, 3);
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    if (pf)
+      for (int b = 0; b < NR * kBytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + blk * NR * kBytes + b), _MM_HINT_T0);
+    const uint8_t* b[NR];
+    __m256i sc[NR];
+    __m256 dw[NR];
+    for (int r = 0; r < NR; ++r) {
+      b[r] = w + size_t(n0 + r) * rb + size_t(blk) * kBytes;
+      sc[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[r] + 192)));
+      dw[r] = _mm256_set1_ps(h2f(b[r] + 208));
+    }
+    for (int h = 0; h < 2; ++h) {
+      __m256i lo0[NR], lo1[NR], hb[NR];
+      for (int r = 0; r < NR; ++r) {
+        lo0[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r] + 64 * h));
+        lo1[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r] + 64 * h + 32));
+        hb[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[r] + 128 + 32 * h));
+      }
+      for (int k = 0; k < 4; ++k) {
+        const int j = 4 * h + k;
+        __m256i wq[NR], ms[NR];
+        for (int r = 0; r < NR; ++r) {
+          const __m256i lo = (k % 2) ? lo1[r] : lo0[r];
+          const __m256i l4 = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(lo, 4) : lo, m4);
+          const __m256i h2 = _mm256_and_si256(_mm256_srli_epi16(hb[r], 2 * k), m2);
+          wq[r] = _mm256_or_si256(l4, _mm256_slli_epi16(h2, 4));
+          ms[r] = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc[r], _mm256_set1_epi32(j)), pick);
+        }
+        const int64_t ab = blk * 8 + j;
+        for (int t = 0; t < MR; ++t) {
+          const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (m0 + t) * K + ab * 32));
+          const __m256i x32 = _mm256_maddubs_epi16(c32, xq);
+          const __m256 dx = _mm256_broadcast_ss(a.d + (m0 + t) * nb + ab);
+          for (int r = 0; r < NR; ++r) {
+            const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(wq[r], xq), x32);
+            const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ms[r]));
+            acc[t][r] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw[r], dx), acc[t][r]);
+          }
+        }
+      }
+    }
+  }
+  store_tile<MR, NR>(acc, nullptr, bias, y, m0, n0, N);
+}
+
+// The K-quant tile (Q4_K, Q5_K), below.
 template <WType WT, int MR, int NR>
 inline void tile_generic(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t n0, const float* bias,
                          float* y, int64_t N, const uint8_t* pf);
@@ -396,6 +433,8 @@ inline void tile(const QAct& a, int64_t m0, const uint8_t* w, size_t rb, int64_t
     return tile_z128<MR, NR>(a, m0, w, rb, n0, bias, y, N, pf);
   } else if constexpr (WT == WType::Q8_0) {
     return tile_q8<MR, NR>(a, m0, w, rb, n0, bias, y, N, pf);
+  } else if constexpr (WT == WType::Q6_K) {
+    return tile_q6k<MR, NR>(a, m0, w, rb, n0, bias, y, N, pf);
   } else {
     return tile_generic<WT, MR, NR>(a, m0, w, rb, n0, bias, y, N, pf);
   }
@@ -406,6 +445,7 @@ inline void tile_generic(const QAct& a, int64_t m0, const uint8_t* w, size_t rb,
                  float* y, int64_t N, const uint8_t* pf) {
   {
   using T = Q<WT>;
+  static_assert(T::kMin, "tile_generic: the K-quants with mins (Q4_K, Q5_K)");
   const int64_t nblk = a.K / T::kElems, K = a.K, nb = a.nb;
   __m256 acc[MR][NR];
   for (int t = 0; t < MR; ++t)
@@ -416,29 +456,19 @@ inline void tile_generic(const QAct& a, int64_t m0, const uint8_t* w, size_t rb,
       for (int b = 0; b < NR * T::kBytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + blk * NR * T::kBytes + b), _MM_HINT_T0);
     RowState rs[NR];
     for (int r = 0; r < NR; ++r) T::prep(w + size_t(n0 + r) * rb + size_t(blk) * T::kBytes, rs[r]);
-    if constexpr (T::kMin) {
-      for (int t = 0; t < MR; ++t) {
-        const __m256 sv = _mm256_loadu_ps(a.s + (m0 + t) * nb + blk * 8);
-        for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_fnmadd_ps(rs[r].minv, sv, acc[t][r]);
-      }
+    for (int t = 0; t < MR; ++t) {
+      const __m256 sv = _mm256_loadu_ps(a.s + (m0 + t) * nb + blk * 8);
+      for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_fnmadd_ps(rs[r].minv, sv, acc[t][r]);
     }
     for (int j = 0; j < T::kSubs; ++j) {
-      __m256i wq[NR], wa[NR], ms[NR];
-      for (int r = 0; r < NR; ++r) {
-        wq[r] = T::unpack(rs[r], j);
-        if constexpr (T::kSigned) wa[r] = _mm256_sign_epi8(wq[r], wq[r]);
-        if constexpr (T::kScale16) ms[r] = T::scale16(rs[r], j);
-        else ms[r] = ones;
-      }
+      __m256i wq[NR];
+      for (int r = 0; r < NR; ++r) wq[r] = T::unpack(rs[r], j);
       const int64_t ab = blk * T::kSubs + j;
       for (int t = 0; t < MR; ++t) {
         const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (m0 + t) * K + ab * 32));
         const __m256 dx = _mm256_broadcast_ss(a.d + (m0 + t) * nb + ab);
         for (int r = 0; r < NR; ++r) {
-          __m256i p;
-          if constexpr (T::kSigned) p = _mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(xq, wq[r]));
-          else p = _mm256_maddubs_epi16(wq[r], xq);
-          const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ms[r]));
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], xq), ones));
           acc[t][r] = _mm256_fmadd_ps(f, _mm256_mul_ps(_mm256_set1_ps(rs[r].fsc[j]), dx), acc[t][r]);
         }
       }
