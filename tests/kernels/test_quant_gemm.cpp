@@ -200,6 +200,24 @@ void check_gemv(Kernel fast, const char* name) {
         }
 }
 
+// The word-at-a-time unpacking of the K-quant 6-bit scales and mins the fast GEMVs use, against
+// k_scale_min byte by byte, over random and all-ones scale bytes.
+TEST(QuantGemm, KScalesMins8MatchesKScaleMin) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 2000; ++trial) {
+    uint8_t q[12];
+    for (uint8_t& b : q) b = trial == 0 ? 0xFF : uint8_t(rng());
+    uint32_t w[4];
+    kvboost::kernels::cpu::k_scales_mins8(q, w);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t s, m;
+      kvboost::kernels::cpu::k_scale_min(q, j, s, m);
+      EXPECT_EQ((w[j / 4] >> (8 * (j % 4))) & 0xFF, s) << "trial " << trial << " scale " << j;
+      EXPECT_EQ((w[2 + j / 4] >> (8 * (j % 4))) & 0xFF, m) << "trial " << trial << " min " << j;
+    }
+  }
+}
+
 TEST(QuantGemm, Avx2MatchesIntReference) {
   if (!(cpu_features().avx2 && cpu_features().fma && cpu_features().f16c)) GTEST_SKIP() << "no AVX2";
   IsaGuard g;

@@ -1,5 +1,7 @@
 // Internal: per-ISA kernel entry points. Only dispatch.cpp chooses among them.
 #pragma once
+#include <cstring>
+
 #include "kvboost/kernels.h"
 
 namespace kvboost::kernels::cpu {
@@ -31,6 +33,19 @@ void attention_avx2(const float* q, const float* k, const float* v, float* out, 
 void attention_scalar(const float* q, const float* k, const float* v, float* out, int64_t n_q,
                       int64_t q_pos0, int64_t n_kv_tokens, int64_t n_heads, int64_t n_kv_heads,
                       int64_t head_dim, int64_t window, float scale, float* scratch);
+
+// All 8 of k_scale_min's scales and mins at once, as bytes in two 32-bit words each: w[0] holds
+// scales 0..3 (byte j = scale j), w[1] scales 4..7, w[2] mins 0..3, w[3] mins 4..7. A dozen word
+// operations instead of eight byte-by-byte extractions (the fast GEMVs widen the words in one
+// vector instruction).
+inline void k_scales_mins8(const uint8_t* q, uint32_t w[4]) {
+  uint32_t u[3];
+  std::memcpy(u, q, 12);
+  w[0] = u[0] & 0x3f3f3f3fu;
+  w[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+  w[2] = u[1] & 0x3f3f3f3fu;
+  w[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+}
 
 }  // namespace kvboost::kernels::cpu
 

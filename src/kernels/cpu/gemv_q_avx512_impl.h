@@ -238,15 +238,13 @@ inline void gvk_row(const QAct& a, int64_t m0, const int32_t* xn, const uint8_t*
     __m256 fm{};    // Q4_K: dmin m_j
     if constexpr (KIND == kGvQ4K) {
       const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(int(uint32_t(gv_u16(blk)) | uint32_t(gv_u16(blk + 2)) << 16)));
-      alignas(32) int32_t sc[8], mn[8];
-      for (int j = 0; j < 8; ++j) {
-        uint8_t s, m;
-        k_scale_min(blk + 4, j, s, m);
-        sc[j] = s, mn[j] = m;
-      }
+      uint32_t sm[4];
+      k_scales_mins8(blk + 4, sm);
+      const __m256i sc = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, int(sm[1]), int(sm[0])));
+      const __m256i mn = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, int(sm[3]), int(sm[2])));
       const __m256 d8 = _mm256_broadcastss_ps(dd), dm8 = _mm256_broadcastss_ps(_mm_shuffle_ps(dd, dd, 1));
-      fs = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc))), d8));
-      fm = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(mn))), dm8);
+      fs = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtepi32_ps(sc), d8));
+      fm = _mm256_mul_ps(_mm256_cvtepi32_ps(mn), dm8);
       for (int c = 0; c < 4; ++c) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * c));
         u[c] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), m4);

@@ -111,15 +111,13 @@ struct QK45 {
   static constexpr bool kMin = true;
   static void prep(const uint8_t* b, RowState& r) {
     r.b = b;
-    const float d = h2f(b), dmin = h2f(b + 2);
-    alignas(32) float mins[8];
-    for (int j = 0; j < 8; ++j) {
-      uint8_t s, m;
-      k_scale_min(b + 4, j, s, m);
-      r.fsc[j] = d * float(s);
-      mins[j] = dmin * float(m);
-    }
-    r.minv = _mm256_load_ps(mins);
+    // The 8 six-bit scales and mins (k_scales_mins8), widened and scaled in one vector each.
+    uint32_t sm[4];
+    k_scales_mins8(b + 4, sm);
+    const __m256i sv = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, int(sm[1]), int(sm[0])));
+    const __m256i mv = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, int(sm[3]), int(sm[2])));
+    _mm256_storeu_ps(r.fsc, _mm256_mul_ps(_mm256_cvtepi32_ps(sv), _mm256_set1_ps(h2f(b))));
+    r.minv = _mm256_mul_ps(_mm256_cvtepi32_ps(mv), _mm256_set1_ps(h2f(b + 2)));
   }
   static __m256i unpack(const RowState& r, int j) {
     const uint8_t* qs = r.b + (kFive ? 48 : 16) + 32 * (j / 2);
