@@ -8,7 +8,8 @@
 //                (the scheduler admits later or preempts); only misuse (unknown sequence id, ...)
 //                throws kvboost::Error.
 //   storage      PagedKvStorage — the K/V floats, indexed by the block ids the bookkeeping hands
-//                out; ColdStore / FileColdStore — the slower tier.
+//                out (a HotTier; a device's pools are another); ColdStore — the slower tier:
+//                FileColdStore (disk), HostColdStore (host slots in front of another tier).
 //
 // Life cycle of a request (seq = any caller-chosen int64 id, unique among live sequences):
 //
@@ -144,12 +145,25 @@ struct IoPiece {
   size_t bytes;
 };
 
+// The memory the manager's block ids index, as the tiers below it see it: whole blocks as
+// gathered pieces. PagedKvStorage (host RAM) is one; the CUDA device pools (gpu::DeviceHotTier,
+// kvboost/gpu.h) another, whose pieces are device pointers that only a ColdStore with a device
+// copy (HostColdStore over gpu::spill_copy) may touch. One call per block moved, never per row.
+class HotTier {
+ public:
+  virtual ~HotTier() = default;
+  virtual int64_t n_blocks() const = 0;
+  virtual int64_t block_size() const = 0;
+  virtual size_t block_bytes() const = 0;  // the sum of block_pieces(b)'s bytes
+  virtual std::vector<IoPiece> block_pieces(BlockId b) = 0;  // Error for b outside [0, n_blocks)
+};
+
 // K and V of every layer, f32. Per layer, K and V are each a pool laid out as
 //   [n_blocks][block_size][n_kv_heads][head_dim]
 // so the row for position pos of a sequence is k_block(layer, table[pos / bs]) +
 // (pos % bs) * n_kv_heads * head_dim. One anonymous mapping, zeroed lazily by the kernel and not
 // reserved up front (MAP_NORESERVE): untouched blocks cost no memory.
-class PagedKvStorage {
+class PagedKvStorage final : public HotTier {
  public:
   PagedKvStorage(int64_t n_blocks, int64_t block_size, int64_t n_layers, int64_t n_kv_heads,
                  int64_t head_dim);
@@ -157,15 +171,15 @@ class PagedKvStorage {
   PagedKvStorage& operator=(PagedKvStorage&& o) noexcept;
   PagedKvStorage(const PagedKvStorage&) = delete;
   PagedKvStorage& operator=(const PagedKvStorage&) = delete;
-  ~PagedKvStorage();
+  ~PagedKvStorage() override;
 
   // Bytes of one block over all layers, K and V.
   static size_t bytes_per_block(int64_t block_size, int64_t n_layers, int64_t n_kv_heads,
                                 int64_t head_dim);
-  size_t block_bytes() const { return bytes_per_block(block_size_, n_layers_, n_kv_heads_, head_dim_); }
+  size_t block_bytes() const override { return bytes_per_block(block_size_, n_layers_, n_kv_heads_, head_dim_); }
 
-  int64_t n_blocks() const { return n_blocks_; }
-  int64_t block_size() const { return block_size_; }
+  int64_t n_blocks() const override { return n_blocks_; }
+  int64_t block_size() const override { return block_size_; }
   int64_t n_layers() const { return n_layers_; }
   int64_t n_kv_heads() const { return n_kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
@@ -188,7 +202,7 @@ class PagedKvStorage {
   // it holds (MADV_POPULATE_WRITE), so that a later request's first write to them does not
   // fault page by page. False where the kernel refuses (before Linux 5.14): nothing changes.
   bool prefault(BlockId first, int64_t n);
-  std::vector<IoPiece> block_pieces(BlockId b);  // layer 0 K, layer 0 V, layer 1 K, ...
+  std::vector<IoPiece> block_pieces(BlockId b) override;  // layer 0 K, layer 0 V, layer 1 K, ...
 
  private:
   int64_t pool_offset(int64_t layer, int kv) const {
@@ -213,6 +227,9 @@ class ColdStore {
   virtual int64_t n_slots_used() const = 0;
   // Writes one block (pieces totalling slot_bytes()).
   virtual void write(int64_t slot, std::span<const IoPiece> pieces) = 0;
+  // Writes a batch of blocks: srcs[i] into slots[i]. The default writes them one by one; a
+  // store whose copies are cheaper together (HostColdStore: one copy per run) coalesces.
+  virtual void write_batch(std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> srcs);
   // Reads a batch of blocks: slots[i] into dsts[i]. Implementations coalesce adjacent slots.
   virtual void read(std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> dsts) = 0;
 };
@@ -242,6 +259,88 @@ class FileColdStore : public ColdStore {
   int fd_ = -1;
   int64_t high_water_ = 0, n_used_ = 0, n_read_calls_ = 0;
   std::vector<int64_t> free_slots_;  // min-heap
+};
+
+// What HostColdStore copies with: plain function pointers (no virtual call, no std::function),
+// so that the store's logic is the same, and host-tested with memcpy, whatever the hot tier's
+// memory is. The CUDA one (gpu::spill_copy, kvboost/gpu.h) issues cudaMemcpyAsync with
+// cudaMemcpyDefault (UVA: either side may be device memory) on the device runner's stream and
+// allocates pinned host memory (cudaHostAlloc). Failures throw Error.
+struct SlotCopy {
+  // bytes from src to dst; may return before the copy is done (see wait).
+  void (*copy)(void* ctx, void* dst, const void* src, size_t bytes) = nullptr;
+  // Returns once every copy issued so far is done. Null: copy is synchronous.
+  void (*wait)(void* ctx) = nullptr;
+  // Host memory for the slots and the staging buffer (pinned for a device). Null: malloc / free.
+  void* (*alloc)(void* ctx, size_t bytes) = nullptr;
+  void (*release)(void* ctx, void* p) = nullptr;
+  void* ctx = nullptr;
+};
+SlotCopy memcpy_slot_copy();  // std::memcpy, malloc: host hot tiers and tests
+
+// A cold tier of host-memory slots in front of a slower one: the device chain VRAM -> pinned
+// host -> disk. Slots [0, n_host_slots) are host memory (one arena, allocated at the first
+// host slot); when they are all taken, allocate_slot hands out slots of `next` (numbered
+// n_host_slots + its slot), nullopt when there is no `next` or it is full. Host slots are reused
+// lowest first, like FileColdStore's, so that a sequence's spilled run stays contiguous.
+//
+// Host layout: striped by piece_bytes (0: slot_bytes, must divide it): byte o of slot s lives at
+// ((o / piece_bytes) * n_host_slots + s) * piece_bytes + o % piece_bytes, so that with
+// piece_bytes = one layer's K (or V) of a block, the same piece of adjacent slots is adjacent as
+// it is in the hot pools ([layer][block] per K and V). A batch's copies are sorted by host
+// address and merged wherever both sides are contiguous: a run of adjacent slots moving to or
+// from a run of adjacent blocks costs one copy per piece, not one per piece and block.
+// `next` never sees the hot tier's pieces (they may be device memory, which read/write syscalls
+// cannot touch): its blocks pass through a staging buffer of staging_bytes (at least one slot)
+// in host memory from copy.alloc. `next` must outlive the store; the store never calls it from
+// its destructor.
+class HostColdStore : public ColdStore {
+ public:
+  HostColdStore(size_t slot_bytes, int64_t n_host_slots, SlotCopy copy = memcpy_slot_copy(),
+                ColdStore* next = nullptr, size_t piece_bytes = 0, size_t staging_bytes = size_t(16) << 20);
+  ~HostColdStore() override;
+  HostColdStore(const HostColdStore&) = delete;
+  HostColdStore& operator=(const HostColdStore&) = delete;
+
+  // Host slots that fit in `bytes` (at least 0).
+  static int64_t slots_for_budget(size_t bytes, size_t slot_bytes) { return slot_bytes ? int64_t(bytes / slot_bytes) : 0; }
+
+  size_t slot_bytes() const override { return slot_bytes_; }
+  std::optional<int64_t> allocate_slot() override;
+  void release_slot(int64_t slot) override;
+  int64_t n_slots_used() const override { return n_host_used_ + n_next_used_; }
+  void write(int64_t slot, std::span<const IoPiece> pieces) override;
+  void write_batch(std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> srcs) override;
+  void read(std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> dsts) override;
+
+  int64_t n_host_slots() const { return n_host_; }
+  int64_t n_host_used() const { return n_host_used_; }
+  int64_t n_next_used() const { return n_next_used_; }  // slots overflowed to `next`
+  int64_t n_copies() const { return n_copies_; }        // copy calls issued (after merging; tests)
+
+ private:
+  struct Op {
+    char* host;
+    char* other;
+    size_t bytes;
+  };
+  char* host_addr(int64_t slot, size_t o) const;
+  // The host side of moving srcs[i] <-> host slot slots[i], merged; to_host: a write.
+  void host_io(bool to_host, std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> pieces);
+  void next_io(bool to_next, std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> pieces);
+  void issue(std::vector<Op>& ops, bool to_host);
+  void wait();
+  void* alloc(size_t bytes);
+
+  size_t slot_bytes_, piece_bytes_, staging_bytes_;
+  int64_t n_host_;
+  SlotCopy copy_;
+  ColdStore* next_;
+  char* arena_ = nullptr;
+  char* staging_ = nullptr;
+  size_t staging_cap_ = 0;
+  int64_t host_high_ = 0, n_host_used_ = 0, n_next_used_ = 0, n_copies_ = 0;
+  std::vector<int64_t> free_host_;  // min-heap
 };
 
 // ---- manager -----------------------------------------------------------------------------------
@@ -275,9 +374,11 @@ class KvCacheManager {
  public:
   explicit KvCacheManager(int64_t n_blocks, int64_t block_size = kDefaultBlockSize);
 
-  // Enables spilling: block data moves between `hot` (indexed by this manager's block ids) and
-  // `cold`. Both must outlive the manager; cold->slot_bytes() == hot->block_bytes().
-  void attach_cold_tier(PagedKvStorage* hot, ColdStore* cold);
+  // Enables spilling: block data moves between `hot` (indexed by this manager's block ids: the
+  // host PagedKvStorage, or a device's pools) and `cold`. Both must outlive the manager;
+  // cold->slot_bytes() == hot->block_bytes(). Attaching again replaces the pair (only while no
+  // block is cold: the engine on a device swaps the host pair for the device one at start).
+  void attach_cold_tier(HotTier* hot, ColdStore* cold);
 
   // Starts sequence `seq` with its prompt: shares the longest verified run of cached full blocks,
   // allocates the rest. All prompt tokens cached: n_cached = n - 1 and the last block is copied
@@ -353,7 +454,7 @@ class KvCacheManager {
   std::vector<uint64_t> last_use_;
   uint64_t tick_ = 0;
   BlockHashFn hash_fn_;
-  PagedKvStorage* hot_ = nullptr;
+  HotTier* hot_ = nullptr;
   ColdStore* cold_ = nullptr;
   int64_t n_queries_ = 0, query_tokens_ = 0, hit_tokens_ = 0, spills_ = 0, page_ins_ = 0;
   int64_t n_cold_ = 0;

@@ -25,8 +25,9 @@ std::string KvStats::to_string() const {
 KvCacheManager::KvCacheManager(int64_t n_blocks, int64_t block_size)
     : pool_(n_blocks, block_size), last_use_(size_t(n_blocks), 0) {}
 
-void KvCacheManager::attach_cold_tier(PagedKvStorage* hot, ColdStore* cold) {
+void KvCacheManager::attach_cold_tier(HotTier* hot, ColdStore* cold) {
   if (!hot || !cold) fail("attach_cold_tier: null storage");
+  if (n_cold_ > 0) fail("attach_cold_tier: ", n_cold_, " blocks are in the cold tier attached before");
   if (hot->n_blocks() != pool_.n_blocks() || hot->block_size() != pool_.block_size())
     fail("attach_cold_tier: storage has ", hot->n_blocks(), " blocks of ", hot->block_size(),
          " tokens, the pool ", pool_.n_blocks(), " of ", pool_.block_size());
@@ -349,11 +350,16 @@ bool KvCacheManager::spill(int64_t n, SeqId pin_seq, int64_t pin_first, int64_t 
     }
     slots.push_back(*slot);
   }
+  // One batch: a store in host memory merges the copies of adjacent blocks into adjacent slots.
+  std::vector<std::vector<IoPiece>> srcs;
+  srcs.reserve(size_t(n));
+  for (int64_t k = 0; k < n; ++k)
+    srcs.push_back(hot_->block_pieces(cands[size_t(k)].s->blocks[size_t(cands[size_t(k)].i)]));
+  cold_->write_batch(slots, srcs);
   for (int64_t k = 0; k < n; ++k) {
     Seq& s = *cands[size_t(k)].s;
     const int64_t i = cands[size_t(k)].i;
     const BlockId b = s.blocks[size_t(i)];
-    cold_->write(slots[size_t(k)], hot_->block_pieces(b));
     pool_.drop_hash(b);  // the hot copy is about to be reused: make it unfindable now
     pool_.unref(b);
     s.blocks[size_t(i)] = kColdBlock;

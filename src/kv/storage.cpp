@@ -131,6 +131,13 @@ std::vector<IoPiece> PagedKvStorage::block_pieces(BlockId b) {
   return out;
 }
 
+// ---- ColdStore -----------------------------------------------------------------------------------
+
+void ColdStore::write_batch(std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> srcs) {
+  if (slots.size() != srcs.size()) fail("ColdStore::write_batch: ", slots.size(), " slots, ", srcs.size(), " sources");
+  for (size_t i = 0; i < slots.size(); ++i) write(slots[i], srcs[i]);
+}
+
 // ---- FileColdStore -----------------------------------------------------------------------------
 
 namespace {
