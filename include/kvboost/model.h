@@ -256,6 +256,11 @@ struct LoadOptions {
   // runner); Model::load itself checks it too and then refuses it, since Model's own forward
   // passes are CPU code. docs/gpu.md says what runs on the device.
   kernels::Device device;
+  // Device layer streaming (--vram-budget; a CUDA device only, an Error on the CPU): bytes of
+  // device memory for the weights, the K/V pools and the pass scratch. 0 = every layer resident
+  // on the device. A budget that cannot hold every layer keeps a prefix of layers resident and
+  // streams the rest from pinned host memory through two device slots (gpu::plan_layer_stream).
+  uint64_t vram_budget = 0;
 };
 
 namespace detail {

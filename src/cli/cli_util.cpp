@@ -70,6 +70,14 @@ kernels::Device parse_device_flag(const std::string& s) {
   return d;
 }
 
+uint64_t parse_vram_budget(const std::string& s, const kernels::Device& device) {
+  const uint64_t b = s == "0" ? 0 : uint64_t(parse_bytes(s, "--vram-budget"));
+  if (b > 0 && device.is_cpu())
+    fail("--vram-budget ", s, " is for a CUDA device (--device cuda); on the CPU, layers stream from disk under "
+         "--weight-budget");
+  return b;
+}
+
 uint64_t parse_weight_budget(const std::string& s) {
   return s == "0" ? 0 : uint64_t(parse_bytes(s, "--weight-budget"));
 }

@@ -24,6 +24,13 @@ uint64_t parse_weight_budget(const std::string& s);
 inline constexpr const char* kWeightBudgetHelp =
     "Stream layer weights from disk, keeping at most this many bytes of layer matrices in memory, e.g. 768M "
     "(embeddings and norms stay resident; default 0: the whole model resident)";
+// --vram-budget: a byte count as parse_bytes, or "0" (every layer resident on the device); with
+// `device` the CPU, a nonzero budget is an Error naming --device (the CPU streams by --weight-budget).
+uint64_t parse_vram_budget(const std::string& s, const kernels::Device& device);
+inline constexpr const char* kVramBudgetHelp =
+    "With --device cuda: device bytes for weights, K/V pools and scratch, e.g. 6GiB; layers that do not fit stream "
+    "from pinned host memory through two device slots while the layer before them computes (default 0: every "
+    "layer resident)";
 // --device cpu|cuda|cuda:N: parsed and checked (built with CUDA, device present) before anything
 // is loaded, so a bad value or a missing device is the first error.
 kernels::Device parse_device_flag(const std::string& s);

@@ -226,6 +226,7 @@ struct ModelArgs {
   std::vector<int> decode_contexts{128, 2048};
   bool no_reuse = false;
   std::string weight_budget = "0";
+  std::string vram_budget = "0";
   std::string head_quant = "auto";
   std::string device = "cpu";
   bool no_pack = false;
@@ -286,6 +287,7 @@ GenerateOptions bench_options(int new_tokens, bool prefix_cache) {
 
 void run_model(const ModelArgs& a) {
   const kernels::Device device = parse_device_flag(a.device);
+  const uint64_t vram_budget = parse_vram_budget(a.vram_budget, device);
   const SpecMode spec = parse_spec_mode(a.spec);
   const std::string dir = resolve_model_dir(a.model, true);
   const Roofline rl = measure_roofline(false, true);
@@ -294,6 +296,7 @@ void run_model(const ModelArgs& a) {
   eo.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   eo.load.pack_weights = !a.no_pack;
   eo.load.device = device;
+  eo.load.vram_budget = vram_budget;
   // The engine speculates greedy decodes by default (prompt lookup); a benchmark's repetitive
   // output from random ids (or random weights) is then accepted in long runs, so tg would count
   // several tokens per pass. Off unless --spec asks for it.
@@ -507,6 +510,7 @@ CLI::App* add_bench(CLI::App& app) {
   model->add_option("--weight-budget", ma->weight_budget, kWeightBudgetHelp);
   model->add_option("--head-quant", ma->head_quant, kHeadQuantHelp)->capture_default_str();
   model->add_option("--device", ma->device, kDeviceHelp)->capture_default_str();
+  model->add_option("--vram-budget", ma->vram_budget, kVramBudgetHelp);
   model->add_flag("--no-pack", ma->no_pack, "Keep the matrices in the stored layout (LoadOptions::pack_weights off)");
   model->add_option("--spec", ma->spec,
                     "Speculative decoding in the decode rows: off (one token per pass, as llama-bench's tg), lookup, draft")

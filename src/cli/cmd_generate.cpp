@@ -20,6 +20,7 @@ struct GenerateArgs {
   int64_t block_size = 16;
   std::string kv_budget, cold_dir;
   std::string weight_budget = "0";
+  std::string vram_budget = "0";
   std::string head_quant = "auto";
   std::string device = "cpu";
   bool no_prefix_cache = false, stats = false;
@@ -43,6 +44,7 @@ void run_generate(GenerateArgs a) {
   else if (prompt.empty() && a.segments.empty()) fail("no prompt: give -p TEXT, -f FILE or --segment TEXT");
   parse_head_quant(a.head_quant, "--head-quant");  // a bad flag is reported before a missing model
   const kernels::Device device = parse_device_flag(a.device);
+  const uint64_t vram_budget = parse_vram_budget(a.vram_budget, device);
   const std::string dir = resolve_model_dir(a.model, a.quiet);
   EngineOptions eopt;
   eopt.block_size = a.block_size;
@@ -63,6 +65,7 @@ void run_generate(GenerateArgs a) {
   eopt.load.weight_budget = parse_weight_budget(a.weight_budget);
   eopt.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   eopt.load.device = device;
+  eopt.load.vram_budget = vram_budget;
   a.chunks.apply(eopt);
   a.spec.apply(eopt);
   auto engine = load_engine(dir, a.quiet, eopt);
@@ -162,6 +165,7 @@ void add_generate(CLI::App& app) {
   c->add_option("--weight-budget", a->weight_budget, kWeightBudgetHelp);
   c->add_option("--head-quant", a->head_quant, kHeadQuantHelp)->capture_default_str();
   c->add_option("--device", a->device, kDeviceHelp)->capture_default_str();
+  c->add_option("--vram-budget", a->vram_budget, kVramBudgetHelp);
   c->add_flag("--no-prefix-cache", a->no_prefix_cache, "Do not reuse cached K/V of earlier requests");
   c->add_option("--cache-namespace", a->cache_namespace, "Tenant: K/V cached under one namespace is never reused by another");
   c->add_option("--repeat", a->repeat, "Run the same request this many times (later runs hit the prefix cache)")->capture_default_str()->check(CLI::PositiveNumber);

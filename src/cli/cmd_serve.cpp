@@ -27,6 +27,7 @@ struct ServeArgs {
   std::string kv_budget, cold_dir;
   int64_t kv_prefault = EngineOptions{}.kv_prefault_tokens;
   std::string weight_budget = "0";
+  std::string vram_budget = "0";
   std::string head_quant = "auto";
   std::string device = "cpu";
   ChunkArgs chunks;
@@ -68,6 +69,7 @@ void run_serve(const ServeArgs& a) {
 
   parse_head_quant(a.head_quant, "--head-quant");  // a bad flag is reported before a missing model
   const kernels::Device device = parse_device_flag(a.device);
+  const uint64_t vram_budget = parse_vram_budget(a.vram_budget, device);
   const std::string dir = resolve_model_dir(a.model, a.quiet);
   EngineOptions eopt;
   eopt.block_size = a.block_size;
@@ -83,6 +85,7 @@ void run_serve(const ServeArgs& a) {
   eopt.load.weight_budget = parse_weight_budget(a.weight_budget);
   eopt.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   eopt.load.device = device;
+  eopt.load.vram_budget = vram_budget;
   a.chunks.apply(eopt);
   eopt.chunk_store.max_pinned_per_owner =
       a.max_pinned_per_tenant == "0" ? 0 : parse_bytes(a.max_pinned_per_tenant, "--max-pinned-per-tenant");
@@ -181,6 +184,7 @@ void add_serve(CLI::App& app) {
   c->add_option("--weight-budget", a->weight_budget, kWeightBudgetHelp);
   c->add_option("--head-quant", a->head_quant, kHeadQuantHelp)->capture_default_str();
   c->add_option("--device", a->device, kDeviceHelp)->capture_default_str();
+  c->add_option("--vram-budget", a->vram_budget, kVramBudgetHelp);
   a->chunks.add(c);
   a->spec.add(c);
   c->add_flag("--log-requests", a->log_requests, "One line per request on stderr");

@@ -2,6 +2,7 @@
 // paged runner binds and packs layers exactly as the decoder does.
 #include "device_weights.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "../model/arch.h"
@@ -142,53 +143,79 @@ DevBuf upload(const TensorInfo& t) {
 }
 
 LayerPtrs ResidentWeights::ptrs(int64_t l) const {
-  const uint8_t* base = layers.as<uint8_t>() + dev_off[size_t(l)];
-  const LayerLayout& lay = layouts[size_t(l)];
+  if (dev_off[size_t(l)] == kNotResident) fail("GPU: layer ", l, " is streamed: it has no resident weights");
+  return layer_ptrs(layers.as<uint8_t>() + dev_off[size_t(l)], layouts[size_t(l)]);
+}
+
+LayerPtrs layer_ptrs(const uint8_t* base, const LayerLayout& lay) {
   LayerPtrs p{};
   for (int i = 0; i < 7; ++i) p.m[i] = base + lay.piece[i].off;
   for (int i = 0; i < 8; ++i) p.v[i] = lay.piece[7 + i].present ? reinterpret_cast<const float*>(base + lay.piece[7 + i].off) : nullptr;
   return p;
 }
 
-ResidentWeights upload_resident(const Model& model, const char* what) {
+ResidentWeights upload_resident(const Model& model, const char* what, const ResidentChoice& choose, HostLayers* host) {
   const ModelConfig& c = model.config();
   const std::string& dir = model.dir();
   const std::string g = gguf_model_file(dir);
   const WeightFiles f = g.empty() ? WeightFiles::open_dir(dir) : WeightFiles::open_gguf(g, /*keep_quantized=*/false);
   ResidentWeights w;
-  size_t total = 0;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     w.layouts.push_back(layout_of(f, dir, c, l));
-    w.dev_off.push_back(total);
-    total += w.layouts.back().bytes;
     w.slot_bytes = std::max(w.slot_bytes, w.layouts.back().bytes);
     for (const Piece& pc : w.layouts.back().piece)
       w.q4 = w.q4 || (pc.present && (pc.wt == WType::Q4_Z || pc.wt == WType::Q4_Z128));
+  }
+  const TensorInfo& emb = tensor(f, dir, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
+  const TensorInfo* lm = c.tie_word_embeddings ? nullptr : &tensor(f, dir, "lm_head.weight", {c.vocab_size, c.hidden_size});
+  const TensorInfo& fn = tensor(f, dir, "model.norm.weight", {c.hidden_size});
+  const size_t nonlayer = emb.nbytes + (lm ? lm->nbytes : 0) + size_t(c.hidden_size) * 4;
+  std::vector<bool> resident(size_t(c.n_layers), true);
+  if (choose) {
+    resident = choose(w.layouts, nonlayer);
+    if (resident.size() != size_t(c.n_layers) || (!host && std::count(resident.begin(), resident.end(), false) > 0))
+      fail(what, ": the resident-layer choice has ", resident.size(), " entries for ", c.n_layers, " layers");
+  }
+  size_t total = 0, host_total = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const size_t b = w.layouts[size_t(l)].bytes;
+    w.dev_off.push_back(resident[size_t(l)] ? total : kNotResident);
+    if (host) host->off.push_back(resident[size_t(l)] ? kNotResident : host_total);
+    (resident[size_t(l)] ? total : host_total) += b;
   }
   size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   if (total > free_b)
     fail(what, ": the layers' weights need ", total, " bytes on the device, ", free_b, " of ", total_b, " are free");
   w.layers = DevBuf(total);
+  if (host && host_total > 0) {
+    if (cudaHostAlloc(&host->buf.p, host_total, cudaHostAllocDefault) != cudaSuccess) {
+      cudaGetLastError();
+      host->buf.p = nullptr;
+      fail(what, ": cannot pin ", host_total, " bytes of host memory for the streamed layers (cudaHostAlloc)");
+    }
+    host->buf.bytes = host_total;
+  }
   std::vector<uint8_t> buf(w.slot_bytes);
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    pack_layer(f, dir, c, l, w.layouts[size_t(l)], buf.data());
-    check(cudaMemcpy(w.layers.as<uint8_t>() + w.dev_off[size_t(l)], buf.data(), w.layouts[size_t(l)].bytes,
-                     cudaMemcpyHostToDevice),
+    const LayerLayout& lay = w.layouts[size_t(l)];
+    if (!resident[size_t(l)]) {  // packed once into pinned memory: the copies stream from there
+      pack_layer(f, dir, c, l, lay, host->buf.as<uint8_t>() + host->off[size_t(l)]);
+      continue;
+    }
+    pack_layer(f, dir, c, l, lay, buf.data());
+    check(cudaMemcpy(w.layers.as<uint8_t>() + w.dev_off[size_t(l)], buf.data(), lay.bytes, cudaMemcpyHostToDevice),
           "cudaMemcpy(layer)");
   }
-  const TensorInfo& emb = tensor(f, dir, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
   w.embed_wt = wtype_of(emb);
   w.embed_w = upload(emb);
-  if (c.tie_word_embeddings) {
+  if (!lm) {
     w.lm_head = w.embed_w.p, w.lm_head_wt = w.embed_wt;
   } else {
-    const TensorInfo& lm = tensor(f, dir, "lm_head.weight", {c.vocab_size, c.hidden_size});
-    w.lm_head_wt = wtype_of(lm);
-    w.lm_head_w = upload(lm);
+    w.lm_head_wt = wtype_of(*lm);
+    w.lm_head_w = upload(*lm);
     w.lm_head = w.lm_head_w.p;
   }
-  const TensorInfo& fn = tensor(f, dir, "model.norm.weight", {c.hidden_size});
   std::vector<float> v(size_t(c.hidden_size));
   kernels::to_f32(fn.data, wtype_of(fn), v.data(), c.hidden_size);
   w.final_norm = DevBuf(v.size() * 4);

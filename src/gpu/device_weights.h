@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -111,6 +112,8 @@ struct LayerPtrs {
   const void* m[7];
   const float* v[8];
 };
+// The pointers of a layer block of layout `lay` at `base` (device memory: resident or a slot).
+LayerPtrs layer_ptrs(const uint8_t* base, const LayerLayout& lay);
 
 // Layer tensors come from the architecture's table (src/model/arch/*.cpp: the same names and
 // conditions the CPU loader binds), not from names of our own.
@@ -133,7 +136,9 @@ LayerLayout layout_of(const WeightFiles& f, const std::string& dir, const ModelC
 DevBuf upload(const TensorInfo& t);
 
 // Everything a runner keeps resident for the whole model: every layer block back to back
-// (layer l at dev_off[l]), the embedding table and the head as stored, the final norm as f32.
+// (layer l at dev_off[l]; kNotResident for a layer streamed from the host), the embedding table
+// and the head as stored, the final norm as f32.
+constexpr size_t kNotResident = ~size_t(0);
 struct ResidentWeights {
   std::vector<LayerLayout> layouts;
   std::vector<size_t> dev_off;
@@ -143,11 +148,22 @@ struct ResidentWeights {
   const void* lm_head = nullptr;  // lm_head_w, or embed_w when tied
   bool q4 = false;                // some layer holds 4-bit (AWQ) matrices
   size_t bytes() const { return layers.bytes + embed_w.bytes + lm_head_w.bytes + final_norm.bytes; }
-  // Pointers of layer l's pieces on the device.
+  // Pointers of layer l's pieces on the device (Error for a streamed layer: it has none).
   LayerPtrs ptrs(int64_t l) const;
 };
+// Layer streaming: the layers kept off the device, packed (AWQ ones 4-bit) into pinned host
+// memory, each one cudaMemcpyAsync into a slot.
+struct HostLayers {
+  HostBuf buf;
+  std::vector<size_t> off;  // [n_layers] layer l's block at buf + off[l]; kNotResident: on the device
+};
+// Which layers stay on the device, decided from the packed layouts and the bytes of the embedding
+// table, head and final norm (nonlayer_bytes) before anything is uploaded; [n_layers] true = resident.
+using ResidentChoice = std::function<std::vector<bool>(const std::vector<LayerLayout>& layouts, size_t nonlayer_bytes)>;
 // Uploads the model's weights from its files (memory-mapped again: Model keeps its Weight views
 // private; GGUF quantized tensors arrive dequantized to f32). `what` names the caller in errors.
-ResidentWeights upload_resident(const Model& model, const char* what);
+// With `choose` (and `host`), the layers it does not keep resident are packed into host->buf.
+ResidentWeights upload_resident(const Model& model, const char* what, const ResidentChoice& choose = {},
+                                HostLayers* host = nullptr);
 
 }  // namespace kvboost::gpu::dev

@@ -45,7 +45,7 @@ BlendStats PagedRunner::Impl::forward_blend(const int32_t* tokens, int64_t n, in
       float* kp = k_pool.as<float>() + pool.offset(l, 0);
       float* vp = v_pool.as<float>() + pool.offset(l, 0);
       // Fresh K/V of every current row, measured against what the slots hold (the cache).
-      project_kv(nr, l, w.ptrs(l), g.cos, g.sin);
+      project_kv(nr, l, ptrs_for(l), g.cos, g.sin);
       reserve(dev_d, size_t(nr) * 4), reserve(dev_h, size_t(nr) * 4);
       cuda::kv_deviation(k.as<float>(), v.as<float>(), g.slots, kp, vp, dev_d.as<float>(), nr, nkv, s);
       check(cudaMemcpyAsync(dev_h.p, dev_d.p, size_t(nr) * 4, cudaMemcpyDeviceToHost, s), "download deviations");

@@ -102,7 +102,7 @@ std::unique_ptr<PagedRunner> PagedRunner::create(const Model& model, const Paged
   m->H = c.hidden_size, m->I = c.intermediate_size, m->hd = c.head_dim;
   m->nq = c.n_heads * c.head_dim, m->nkv = c.n_kv_heads * c.head_dim;
   m->scale = 1.0f / std::sqrt(float(c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(c.head_dim)));
-  m->w = upload_resident(model, dn.c_str());
+  m->load_weights(model);
   size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   const uint64_t kv_bytes = 2 * m->pool.pool_bytes();
@@ -219,7 +219,6 @@ std::vector<float> PagedRunner::snapshot_rows(std::span<const kv::BlockId> table
 }
 
 const PoolLayout& PagedRunner::pool() const { return impl_->pool; }
-size_t PagedRunner::device_weight_bytes() const { return impl_->w.bytes(); }
 int64_t PagedRunner::passes() const { return impl_->n_passes; }
 
 }  // namespace kvboost::gpu

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,9 @@ struct PagedRunner::Impl {
   DevBuf dev_d, sel_d;    // CacheBlend: deviations, kept row indices (paged_blend.cpp)
   HostBuf dev_h, sel_h;
   int64_t n_passes = 0;
+  // Layer streaming under opt.vram_budget (paged_stream.cpp); null: every layer resident.
+  struct Streamer;
+  std::shared_ptr<Streamer> stream;
 
   // The current device is per-thread CUDA state and the engine may be driven from any thread
   // (the server's): every entry point selects the runner's device first.
@@ -69,6 +73,19 @@ struct PagedRunner::Impl {
     // AWQ prefill dequantizes one matrix to bf16 for cuBLAS (cuda::matmul_q4).
     if (w.q4 && n_rows > cuda::kGemvMaxM) reserve(wq, size_t(std::max({nq * H, nkv * H, I * H})) * 2);
   }
+
+  // Uploads the weights: all resident, or split by plan_layer_stream under opt.vram_budget
+  // (paged_stream.cpp, which also checks that the budget's share fits the device).
+  void load_weights(const Model& model);
+  // Layer l's weight pointers for the pass now running: resident, or its streaming slot once the
+  // compute stream waits for the slot's copy. layer_done(l) after l's last kernel frees the slot
+  // and issues the copy that refills it. Every layer of a pass goes through both, in order.
+  LayerPtrs ptrs_for(int64_t l) { return stream ? stream_ptrs(l) : w.ptrs(l); }
+  void layer_done(int64_t l) {
+    if (stream) stream_done(l);
+  }
+  LayerPtrs stream_ptrs(int64_t l);
+  void stream_done(int64_t l);
 
   void mm(const LayerLayout& lay, const LayerPtrs& p, int id, const float* in, const float* bias, float* out,
           int64_t n, int64_t N, int64_t K) {
@@ -120,7 +137,7 @@ struct PagedRunner::Impl {
                  const float* sn) {
     const int64_t n = plan.n_rows;
     const LayerLayout& lay = w.layouts[size_t(l)];
-    const LayerPtrs p = w.ptrs(l);
+    const LayerPtrs p = ptrs_for(l);
     const float eps = float(c.rms_norm_eps);
     project_kv(n, l, p, cs, sn);
     mm(lay, p, kWq, h.as<float>(), p.v[kQBias - 7], q.as<float>(), n, nq, H);
@@ -138,6 +155,7 @@ struct PagedRunner::Impl {
     cuda::silu_mul(gate.as<float>(), up.as<float>(), gate.as<float>(), n * I, s);
     mm(lay, p, kDown, gate.as<float>(), nullptr, h.as<float>(), n, H, I);
     cuda::add_inplace(x.as<float>(), h.as<float>(), n * H, s);
+    layer_done(l);
   }
 
   // A pass's plan on the device: what stage() uploaded (one pinned copy), as typed pointers.

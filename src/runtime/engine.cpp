@@ -53,7 +53,7 @@ Engine::Impl::Impl(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& o
   // A CUDA device: the weights go to the device and its pools take the store's shape (the host
   // store stays the kv manager's bookkeeping twin; its lazily committed pages are never touched).
   runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *store_, cold_ != nullptr, opt_.load.device,
-                                          opt_.prefill_chunk + opt_.max_batch);
+                                          opt_.prefill_chunk + opt_.max_batch, opt_.load.vram_budget);
   // Model identity for chunk keys (model_identity, src/model/identity.cpp): a content hash of
   // the weights, architecture, vocabulary and the store's K/V encoding; stored chunks of one
   // model are never used by another. With a disk tier, per-file hashes are remembered beside it.
@@ -96,10 +96,13 @@ std::unique_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions
   // yet (a conflict of options, the same answer on every machine), then whether the device is
   // usable here (kernels::require_device: built without CUDA, no device, an index past the count).
   const kernels::Device& dev = opt.load.device;
+  if (dev.is_cpu() && opt.load.vram_budget > 0)
+    fail("vram_budget (--vram-budget) ", opt.load.vram_budget, " bytes is for a CUDA device (--device cuda); on the "
+         "CPU, layer streaming is weight_budget (--weight-budget)");
   if (!dev.is_cpu()) {
     if (opt.load.weight_budget > 0)
-      fail("device ", dev.name(), ": layer streaming (weight_budget, --weight-budget) is not supported by the "
-           "engine on a CUDA device yet (the device keeps every layer resident)");
+      fail("device ", dev.name(), ": layer streaming from disk (weight_budget, --weight-budget) is CPU-only; on a "
+           "CUDA device, layers stream from pinned host memory under vram_budget (--vram-budget)");
     if (!opt.cold_dir.empty())
       fail("device ", dev.name(), ": the cold KV tier (cold_dir, --kv-cold-dir) is not supported on a CUDA device "
            "yet (no device -> host spill)");

@@ -9,8 +9,11 @@
 namespace kvboost {
 
 ModelRunner::ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKvStorage& store, bool cold_tier,
-                         const kernels::Device& device, int64_t rows_hint)
+                         const kernels::Device& device, int64_t rows_hint, uint64_t vram_budget)
     : model_(model), kv_(kv), store_(store), cold_(cold_tier), device_(device) {
+  if (device.is_cpu() && vram_budget > 0)
+    fail("vram_budget (--vram-budget) ", vram_budget, " bytes is for a CUDA device (--device cuda); on the CPU, "
+         "layer streaming is weight_budget (--weight-budget)");
   if (device.is_cpu()) return;
   if (cold_tier)
     fail("device ", device.name(), ": the cold KV tier (cold_dir) is not supported on a CUDA device yet (no device "
@@ -19,6 +22,7 @@ ModelRunner::ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKv
   o.device = device.index;
   o.pool = gpu::PoolLayout{store.n_layers(), store.n_blocks(), store.block_size(), store.n_kv_heads(), store.head_dim()};
   o.rows_hint = rows_hint;
+  o.vram_budget = vram_budget;
   dev_ = gpu::PagedRunner::create(model, o);
 }
 

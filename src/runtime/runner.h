@@ -27,10 +27,11 @@ namespace kvboost {
 class ModelRunner {
  public:
   // device: the CPU, or a CUDA device (the weights are uploaded here, the device pools take
-  // store's shape; rows_hint sizes the device scratch of a pass). Errors for a device: see
+  // store's shape; rows_hint sizes the device scratch of a pass; vram_budget: layer streaming,
+  // LoadOptions::vram_budget, an Error on the CPU). Errors for a device: see
   // gpu::PagedRunner::create, and a cold tier (no device spill yet).
   ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKvStorage& store, bool cold_tier,
-              const kernels::Device& device = {}, int64_t rows_hint = 512);
+              const kernels::Device& device = {}, int64_t rows_hint = 512, uint64_t vram_budget = 0);
   ~ModelRunner();
   bool on_device() const { return dev_ != nullptr; }
   int64_t device_passes() const;  // PagedRunner::passes(); 0 on the CPU

@@ -155,6 +155,24 @@ TEST(Cli, DeviceOption) {
   EXPECT_EQ(r.out.rfind("Once upon a time, there was a little girl named Lily.", 0), 0u) << r.out;
 }
 
+// --vram-budget (device layer streaming) on generate, serve and bench model: on the CPU it is an
+// error naming --device and --weight-budget, before the model is looked at; a bad size names itself.
+TEST(Cli, VramBudgetOption) {
+  for (const char* cmd : {"generate --model /nonexistent -p hi", "serve --model /nonexistent",
+                          "bench model --model /nonexistent"}) {
+    Proc r = run(std::string(cmd) + " --vram-budget 2GiB");
+    EXPECT_EQ(r.rc, 1) << cmd;
+    EXPECT_NE(r.err.find("--vram-budget 2GiB is for a CUDA device (--device cuda); on the CPU, layers stream from "
+                         "disk under --weight-budget"),
+              std::string::npos)
+        << cmd << ": " << r.err;
+    EXPECT_EQ(r.err.find("/nonexistent"), std::string::npos) << cmd << ": " << r.err;
+    r = run(std::string(cmd) + " --vram-budget 2XB --device cpu");
+    EXPECT_EQ(r.rc, 1) << cmd;
+    EXPECT_NE(r.err.find("--vram-budget: \"2XB\" is not a byte count"), std::string::npos) << cmd << ": " << r.err;
+  }
+}
+
 // bench model's decode rows are plain decodes (one token per pass, as llama-bench's tg), not the
 // engine's default prompt-lookup speculation, which accepts drafts of a benchmark's repetitive
 // output and so counted several tokens per pass (2026-12-04: a random-weight Q8_0 at "161% of

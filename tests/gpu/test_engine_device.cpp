@@ -125,8 +125,8 @@ TEST(EngineDevice, UnsupportedOptionsOnCudaAreErrorsOnEveryMachine) {
   EngineOptions a = on(kCuda);
   a.load.weight_budget = 1 << 20;
   EXPECT_EQ(error_of([&] { Engine::load("/nonexistent_model_dir", a); }),
-            "device cuda:0: layer streaming (weight_budget, --weight-budget) is not supported by the engine on a CUDA "
-            "device yet (the device keeps every layer resident)");
+            "device cuda:0: layer streaming from disk (weight_budget, --weight-budget) is CPU-only; on a CUDA device, "
+            "layers stream from pinned host memory under vram_budget (--vram-budget)");
   EngineOptions b = on(kCuda);
   b.cold_dir = "/tmp";
   EXPECT_EQ(error_of([&] { Engine::load("/nonexistent_model_dir", b); }),
