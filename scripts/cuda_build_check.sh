@@ -39,6 +39,7 @@ else
     src/gpu/CMakeFiles/kvboost_gpu.dir/paged_runner.cpp.o \
     src/gpu/CMakeFiles/kvboost_gpu.dir/paged_blend.cpp.o \
     src/gpu/CMakeFiles/kvboost_gpu.dir/paged_stream.cpp.o \
+    src/gpu/CMakeFiles/kvboost_gpu.dir/paged_spill.cpp.o \
     src/kernels/CMakeFiles/kvboost_kernels.dir/device.cpp.o \
     bench/CMakeFiles/gpu_attention_bench.dir/gpu_attention_bench.cpp.o \
     tests/gpu/CMakeFiles/test_gpu_kernels.dir/test_gpu_kernels.cpp.o \

@@ -171,7 +171,14 @@ struct EngineOptions {
   // Cold tier: when set, KV blocks that do not fit in kv_budget_bytes spill to a file under this
   // directory and are paged back, range by range, when attention needs them; a generation may
   // then outgrow the hot budget (its prompt must still fit). Steps then run one sequence at a time.
+  // On a CUDA device the chain is device pool -> pinned host memory (cold_host_bytes) -> this
+  // directory, and a pass needs each of its sequences' whole tables in the device pool: requests
+  // run together while their tables fit and take turns when they do not (docs/gpu.md "KV spill").
   std::string cold_dir;
+  // A CUDA device with cold_dir: pinned host memory for spilled blocks in front of the files
+  // (allocated at the first spill; 0: straight to the files through a staging buffer). Unused on
+  // the CPU, whose hot tier is host memory already.
+  size_t cold_host_bytes = size_t(1) << 30;
   // Continuous batching: at most max_batch requests run at once; a step prefills at most
   // prefill_chunk prompt tokens (long prompts take several steps, so running decodes keep going).
   int64_t max_batch = 16;

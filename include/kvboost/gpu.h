@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kvboost/kv.h"  // kv::HotTier, kv::IoPiece, kv::SlotCopy (the device KV spill)
 #include "kvboost/kv_layout.h"
 #include "kvboost/model.h"
 
@@ -331,6 +332,15 @@ class PagedRunner {
   // The K/V of `rows`, [row][layer][K row, V row] (ModelRunner::snapshot_rows' layout).
   std::vector<float> snapshot_rows(std::span<const kv::BlockId> table, std::span<const int64_t> rows);
 
+  // KV spill (src/gpu/paged_spill.cpp; docs/gpu.md "KV spill"): block b's pieces in the device
+  // pools, device pointers in PagedKvStorage::block_pieces' order (layer 0 K, layer 0 V, layer
+  // 1 K, ...), each one layer's K or V of the block. Error for b outside the pool.
+  std::vector<kv::IoPiece> block_pieces(kv::BlockId b);
+  // What kv::HostColdStore moves those pieces with: cudaMemcpyAsync (cudaMemcpyDefault: UVA) on
+  // the runner's stream, so spills and page-ins stay ordered with the passes and block copies;
+  // wait = stream synchronization; host memory pinned (cudaHostAlloc). Valid while the runner is.
+  kv::SlotCopy spill_copy();
+
   const PoolLayout& pool() const;
   size_t device_weight_bytes() const;
   int64_t passes() const;  // forward passes run
@@ -344,6 +354,21 @@ class PagedRunner {
  private:
   explicit PagedRunner(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+// The device pools as the kv manager's hot tier (kv::KvCacheManager::attach_cold_tier): the
+// chain VRAM -> pinned host (kv::HostColdStore over runner.spill_copy()) -> disk
+// (kv::FileColdStore). A block is the same bytes on the device as on the host (f32, all layers).
+class DeviceHotTier final : public kv::HotTier {
+ public:
+  explicit DeviceHotTier(PagedRunner& runner) : r_(runner) {}
+  int64_t n_blocks() const override { return r_.pool().n_blocks; }
+  int64_t block_size() const override { return r_.pool().block_size; }
+  size_t block_bytes() const override { return size_t(2 * r_.pool().n_layers * r_.pool().block_floats()) * sizeof(float); }
+  std::vector<kv::IoPiece> block_pieces(kv::BlockId b) override { return r_.block_pieces(b); }
+
+ private:
+  PagedRunner& r_;
 };
 
 }  // namespace kvboost::gpu

@@ -18,7 +18,7 @@ struct GenerateArgs {
   bool no_special = false, ignore_eos = false, quiet = false, no_echo = false;
   int threads = 0;
   int64_t block_size = 16;
-  std::string kv_budget, cold_dir;
+  std::string kv_budget, cold_dir, cold_host_budget;
   std::string weight_budget = "0";
   std::string vram_budget = "0";
   std::string head_quant = "auto";
@@ -51,6 +51,8 @@ void run_generate(GenerateArgs a) {
   if (!a.kv_budget.empty()) eopt.kv_budget_bytes = parse_bytes(a.kv_budget, "--kv-budget");
   else if (a.ctx_size > 0) eopt.kv_budget_bytes = kv_bytes_for_tokens(dir, a.ctx_size, a.block_size);
   eopt.cold_dir = a.cold_dir;
+  if (!a.cold_host_budget.empty())
+    eopt.cold_host_bytes = a.cold_host_budget == "0" ? 0 : parse_bytes(a.cold_host_budget, "--cold-host-budget");
   // --chat / --chat-template: the prompt is one user turn (after -sys) through the chat template.
   if (a.chat || !a.chat_template.empty() || !a.system.empty()) {
     if (!a.segments.empty()) fail("--segment cannot be combined with --chat/--chat-template/--system");
@@ -162,6 +164,7 @@ void add_generate(CLI::App& app) {
   c->add_option("--block-size", a->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("--kv-budget", a->kv_budget, "Bytes of KV memory, e.g. 512MiB (default: the whole context, at most 2GiB)");
   c->add_option("--kv-cold-dir", a->cold_dir, "Spill KV blocks beyond --kv-budget to a file in this directory and page them back when needed");
+  c->add_option("--cold-host-budget", a->cold_host_budget, "With --device cuda and --kv-cold-dir: pinned host memory for spilled KV blocks before the files, e.g. 2GiB (default 1GiB; 0: straight to the files)");
   c->add_option("--weight-budget", a->weight_budget, kWeightBudgetHelp);
   c->add_option("--head-quant", a->head_quant, kHeadQuantHelp)->capture_default_str();
   c->add_option("--device", a->device, kDeviceHelp)->capture_default_str();

@@ -24,7 +24,7 @@ struct ServeArgs {
   std::string max_body = "8MiB";
   int threads = 0;
   int64_t block_size = 16;
-  std::string kv_budget, cold_dir;
+  std::string kv_budget, cold_dir, cold_host_budget;
   int64_t kv_prefault = EngineOptions{}.kv_prefault_tokens;
   std::string weight_budget = "0";
   std::string vram_budget = "0";
@@ -82,6 +82,8 @@ void run_serve(const ServeArgs& a) {
   eopt.kv_prefault_tokens = a.kv_prefault;
 
   eopt.cold_dir = a.cold_dir;
+  if (!a.cold_host_budget.empty())
+    eopt.cold_host_bytes = a.cold_host_budget == "0" ? 0 : parse_bytes(a.cold_host_budget, "--cold-host-budget");
   eopt.load.weight_budget = parse_weight_budget(a.weight_budget);
   eopt.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   eopt.load.device = device;
@@ -178,6 +180,7 @@ void add_serve(CLI::App& app) {
   c->add_option("--block-size", a->block_size, "Tokens per KV block")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("--kv-budget", a->kv_budget, "Bytes of KV memory, e.g. 512MiB (default: max-batch whole contexts, at most 2GiB)");
   c->add_option("--kv-cold-dir", a->cold_dir, "Spill KV blocks beyond --kv-budget to a file in this directory");
+  c->add_option("--cold-host-budget", a->cold_host_budget, "With --device cuda and --kv-cold-dir: pinned host memory for spilled KV blocks before the files, e.g. 2GiB (default 1GiB; 0: straight to the files)");
   c->add_option("--kv-prefault", a->kv_prefault,
                 "Tokens of KV memory kept committed ahead of use, in idle time, so new requests do not fault pages in "
                 "(default 8192; 0: commit only on use)");

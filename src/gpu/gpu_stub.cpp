@@ -58,6 +58,8 @@ BlendStats PagedRunner::forward_blend(const int32_t*, int64_t, int64_t, std::spa
 std::vector<float> PagedRunner::snapshot_rows(std::span<const kv::BlockId>, std::span<const int64_t>) {
   no_cuda("PagedRunner::snapshot_rows");
 }
+std::vector<kv::IoPiece> PagedRunner::block_pieces(kv::BlockId) { no_cuda("PagedRunner::block_pieces"); }
+kv::SlotCopy PagedRunner::spill_copy() { no_cuda("PagedRunner::spill_copy"); }
 const PoolLayout& PagedRunner::pool() const { no_cuda("PagedRunner::pool"); }
 size_t PagedRunner::device_weight_bytes() const { no_cuda("PagedRunner::device_weight_bytes"); }
 int64_t PagedRunner::passes() const { no_cuda("PagedRunner::passes"); }

@@ -54,6 +54,8 @@ Engine::Impl::Impl(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& o
   // store stays the kv manager's bookkeeping twin; its lazily committed pages are never touched).
   runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *store_, cold_ != nullptr, opt_.load.device,
                                           opt_.prefill_chunk + opt_.max_batch, opt_.load.vram_budget);
+  // On a device the cold tier moves the device pools' blocks: pinned host slots before the files.
+  if (cold_ && runner_->on_device()) runner_->attach_device_cold_tier(cold_.get(), opt_.cold_host_bytes);
   // Model identity for chunk keys (model_identity, src/model/identity.cpp): a content hash of
   // the weights, architecture, vocabulary and the store's K/V encoding; stored chunks of one
   // model are never used by another. With a disk tier, per-file hashes are remembered beside it.
@@ -103,9 +105,6 @@ std::unique_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions
     if (opt.load.weight_budget > 0)
       fail("device ", dev.name(), ": layer streaming from disk (weight_budget, --weight-budget) is CPU-only; on a "
            "CUDA device, layers stream from pinned host memory under vram_budget (--vram-budget)");
-    if (!opt.cold_dir.empty())
-      fail("device ", dev.name(), ": the cold KV tier (cold_dir, --kv-cold-dir) is not supported on a CUDA device "
-           "yet (no device -> host spill)");
   }
   kernels::require_device(dev, "device");
   // A GGUF model: tokenizer files beside the .gguf win; without them, the tokenizer stored in it.

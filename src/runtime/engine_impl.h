@@ -56,6 +56,12 @@ struct Engine::Impl {
   // two on their own, single-threaded, to look at the plan in between).
   StepStats execute(StepPlan& plan);
   bool admit(Request::State& r, StepPlan& plan);
+  // A CUDA device with a cold tier (scheduler.cpp): the running requests whose whole block
+  // tables this step's pass can hold in the device pool, taken in turn; the rest sit the step out.
+  std::vector<const Request::State*> device_slice();
+  size_t slice_start_ = 0;
+  int64_t slice_steps_ = 0;
+  bool slice_for_testing_ = false;  // tests: slice on the CPU too (its cold tier pages by range)
   void release(Request::State& r);
   void finish(Request::State& r, const char* reason);
   void fail_request(Request::State& r, const std::string& why);

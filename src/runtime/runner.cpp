@@ -15,9 +15,6 @@ ModelRunner::ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKv
     fail("vram_budget (--vram-budget) ", vram_budget, " bytes is for a CUDA device (--device cuda); on the CPU, "
          "layer streaming is weight_budget (--weight-budget)");
   if (device.is_cpu()) return;
-  if (cold_tier)
-    fail("device ", device.name(), ": the cold KV tier (cold_dir) is not supported on a CUDA device yet (no device "
-         "-> host spill); leave cold_dir empty or use --device cpu");
   gpu::PagedRunnerOptions o;
   o.device = device.index;
   o.pool = gpu::PoolLayout{store.n_layers(), store.n_blocks(), store.block_size(), store.n_kv_heads(), store.head_dim()};
@@ -27,6 +24,47 @@ ModelRunner::ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKv
 }
 
 ModelRunner::~ModelRunner() = default;
+
+void ModelRunner::attach_device_cold_tier(kv::ColdStore* disk, size_t host_bytes) {
+  if (!dev_) fail("attach_device_cold_tier: the runner is on the CPU (its cold tier is the host pools')");
+  dev_hot_ = std::make_unique<gpu::DeviceHotTier>(*dev_);
+  const size_t bb = dev_hot_->block_bytes();
+  // Striped by one layer's K (or V) of a block: page-ins of adjacent slots into adjacent blocks
+  // merge into one copy per layer and K/V.
+  dev_cold_ = std::make_unique<kv::HostColdStore>(bb, kv::HostColdStore::slots_for_budget(host_bytes, bb),
+                                                  dev_->spill_copy(), disk, size_t(store_.block_floats()) * sizeof(float));
+  kv_.attach_cold_tier(dev_hot_.get(), dev_cold_.get());
+}
+
+// The device's attention kernels take a sequence's whole block table (no per-range paging as the
+// CPU's kv::Pager does between attention ranges), so a device pass needs all of it resident.
+void ModelRunner::resident(kv::SeqId seq, int64_t first, int64_t n) const {
+  if (!dev_cold_) return;
+  const int64_t n_table = int64_t(kv_.block_table(seq).size());
+  if (n < 0) first = 0, n = n_table;
+  n = std::min(n, n_table - first);
+  if (n > 0 && !kv_.ensure_resident(seq, first, n))
+    fail("device ", device_.name(), ": KV memory exhausted: sequence ", seq, " needs blocks [", first, ", ", first + n,
+         ") resident but the device KV pool holds ", kv_.pool().n_blocks(), " blocks (raise kv_budget_bytes, --kv-budget)");
+}
+
+void ModelRunner::resident(std::span<const kv::SeqId> seqs) const {
+  if (!dev_cold_) return;
+  for (kv::SeqId s : seqs) resident(s);
+  // A later sequence's page-in may have spilled an earlier one's blocks (LRU picks other
+  // sequences' first, so only when the pass's tables do not fit together).
+  int64_t need = 0;
+  bool cold = false;
+  for (kv::SeqId s : seqs) {
+    const auto t = kv_.block_table(s);
+    need += int64_t(t.size());
+    cold = cold || std::find(t.begin(), t.end(), kv::kColdBlock) != t.end();
+  }
+  if (cold)
+    fail("device ", device_.name(), ": KV memory exhausted: the pass's ", seqs.size(), " sequences need ", need,
+         " blocks resident together but the device KV pool holds ", kv_.pool().n_blocks(),
+         " (raise kv_budget_bytes, --kv-budget, or lower max_batch)");
+}
 
 KvView ModelRunner::view(kv::SeqId seq, int64_t n_past) const {
   if (dev_) fail("device ", device_.name(), ": the K/V live on the device; there is no host view of them");
@@ -40,6 +78,9 @@ KvView ModelRunner::view(kv::SeqId seq, int64_t n_past) const {
 
 double ModelRunner::run_batch(std::vector<PlannedRows>& rows) {
   if (dev_) {
+    pass_seqs_.clear();
+    for (const PlannedRows& p : rows) pass_seqs_.push_back(p.seq);
+    resident(pass_seqs_);  // before any table is read: paging in changes them
     dev_batch_.assign(rows.size(), gpu::PagedSeq{});
     for (size_t i = 0; i < rows.size(); ++i) {
       const PlannedRows& p = rows[i];
@@ -82,6 +123,7 @@ void ModelRunner::copy_in(kv::SeqId seq, const reuse::CopyIn& c, const kv::Chunk
   const kv::Chunk& ch = *c.chunk;
   const int64_t len = int64_t(ch.tokens.size()), delta = c.begin - ch.pos0, t0 = std::max<int64_t>(0, c.from - c.begin);
   if (dev_) {  // the same rows into the device pools, keys re-rotated there
+    if (len > t0) resident(seq, (c.begin + t0) / kv_.block_size(), (c.begin + len - 1) / kv_.block_size() - (c.begin + t0) / kv_.block_size() + 1);
     const std::span<const kv::BlockId> table = kv_.block_table(seq);
     kbuf_.resize(size_t(len * nkv)), vbuf_.resize(size_t(len * nkv));
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
@@ -104,6 +146,7 @@ void ModelRunner::read_chunk(kv::SeqId seq, int64_t begin, int64_t len, const kv
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim;
   if (dev_) {
+    if (len > 0) resident(seq, begin / kv_.block_size(), (begin + len - 1) / kv_.block_size() - begin / kv_.block_size() + 1);
     kbuf_.resize(size_t(len * nkv)), vbuf_.resize(size_t(len * nkv));
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
       dev_->read_rows(l, kv_.block_table(seq), begin, len, kbuf_.data(), vbuf_.data());
@@ -120,7 +163,10 @@ void ModelRunner::read_chunk(kv::SeqId seq, int64_t begin, int64_t len, const kv
 }
 
 std::vector<float> ModelRunner::snapshot_rows(kv::SeqId seq, std::span<const int64_t> rows) const {
-  if (dev_) return dev_->snapshot_rows(kv_.block_table(seq), rows);
+  if (dev_) {
+    resident(seq);
+    return dev_->snapshot_rows(kv_.block_table(seq), rows);
+  }
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim;
   std::vector<float> out(rows.size() * size_t(cfg.n_layers) * size_t(2 * nkv));
@@ -138,6 +184,7 @@ float ModelRunner::deviation(kv::SeqId seq, std::span<const int64_t> rows, std::
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim;
   if (dev_) {  // the rows now, fetched from the device in the snapshot's layout; the same sums
+    resident(seq);
     const std::vector<float> now = dev_->snapshot_rows(kv_.block_table(seq), rows);
     double sum = 0;
     const int64_t n_terms = int64_t(rows.size()) * cfg.n_layers;

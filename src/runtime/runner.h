@@ -29,11 +29,17 @@ class ModelRunner {
   // device: the CPU, or a CUDA device (the weights are uploaded here, the device pools take
   // store's shape; rows_hint sizes the device scratch of a pass; vram_budget: layer streaming,
   // LoadOptions::vram_budget, an Error on the CPU). Errors for a device: see
-  // gpu::PagedRunner::create, and a cold tier (no device spill yet).
+  // gpu::PagedRunner::create. A cold tier on a device: attach_device_cold_tier.
   ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKvStorage& store, bool cold_tier,
               const kernels::Device& device = {}, int64_t rows_hint = 512, uint64_t vram_budget = 0);
   ~ModelRunner();
   bool on_device() const { return dev_ != nullptr; }
+  // On a device, the kv manager's cold tier becomes the chain device pools -> pinned host slots
+  // (host_bytes of them; kv::HostColdStore over PagedRunner::spill_copy) -> `disk` (the engine's
+  // kv::FileColdStore, which must outlive the runner's passes). Every device pass then first
+  // makes the whole block table of each sequence it touches resident (Error naming the blocks
+  // and the pool when they cannot all be). Error on the CPU.
+  void attach_device_cold_tier(kv::ColdStore* disk, size_t host_bytes);
   int64_t device_passes() const;  // PagedRunner::passes(); 0 on the CPU
 
   // A sequence's K/V as the model sees them: the pools, its block table, n_past stored tokens.
@@ -68,6 +74,14 @@ class ModelRunner {
   bool cold_;
   kernels::Device device_;
   std::unique_ptr<gpu::PagedRunner> dev_;  // null: the CPU backend
+  // The device spill tiers (after dev_: destroyed first). Null without a cold tier.
+  std::unique_ptr<gpu::DeviceHotTier> dev_hot_;
+  std::unique_ptr<kv::HostColdStore> dev_cold_;
+  // With dev_cold_: blocks [first, first + n) of seq (n < 0: its whole table), or the whole
+  // tables of all of seqs, resident in the device pool.
+  void resident(kv::SeqId seq, int64_t first = 0, int64_t n = -1) const;
+  void resident(std::span<const kv::SeqId> seqs) const;
+  std::vector<kv::SeqId> pass_seqs_;  // scratch
   std::vector<gpu::PagedSeq> dev_batch_;   // scratch, reused across steps
   std::vector<SeqBatch> batch_;  // scratch, reused across steps
   std::vector<float> kbuf_, vbuf_;

@@ -33,6 +33,37 @@ bool Engine::Impl::admit(Request::State& r, StepPlan& plan) {
   return true;
 }
 
+// Device passes read whole block tables (the attention kernels take a sequence's table, not a
+// range of it), so with a cold tier on a device a pass holds only the requests whose tables fit
+// in the device pool together; the others' blocks may spill to the host tier meanwhile. Taken
+// in turn from slice_start_, greedily, counting one block for each request left out (its last
+// block is never spilled) and a block for a decode token that starts one; the first is always
+// taken (if it alone cannot fit, the runner's Error names the sizes). A slice runs kSliceSteps
+// steps before the turn moves on, so that paging a sequence in is paid once per few tokens.
+std::vector<const Request::State*> Engine::Impl::device_slice() {
+  constexpr int64_t kSliceSteps = 8;
+  std::vector<const Request::State*> out;
+  const size_t n = running_.size();
+  if (n == 0) return out;
+  const int64_t pool = kv_->pool().n_blocks();
+  int64_t used = 0;
+  for (size_t k = 0; k < n; ++k) {
+    const Request::State& r = running_[(slice_start_ + k) % n]->state();
+    const int64_t t = kv_->n_tokens(r.seq);
+    const int64_t need = int64_t(kv_->block_table(r.seq).size()) +
+                         (r.phase == Request::State::Phase::kDecode && t % block_size_ == 0 ? 1 : 0);
+    const int64_t left_out = int64_t(n - out.size()) - 1;
+    if (!out.empty() && used + need + left_out > pool) continue;
+    out.push_back(&r);
+    used += need;
+  }
+  if (out.size() < n && ++slice_steps_ >= kSliceSteps) {
+    slice_steps_ = 0;
+    slice_start_ = (slice_start_ + out.size()) % n;
+  }
+  return out;
+}
+
 void Engine::Impl::release(Request::State& r) {
   spec_release(r);
   if (r.seq && kv_->has_seq(r.seq)) kv_->free(r.seq);
@@ -92,7 +123,10 @@ StepPlan Engine::Impl::schedule() {
   // for one sequence may spill another's blocks mid-pass). Requests sharing at least a block of
   // prompt prefix with one still in its prefill are grouped behind it: they wait until its blocks
   // are committed and then reuse them instead of computing the same prefix twice.
-  const size_t max_running = cold_ ? 1 : size_t(opt_.max_batch);
+  // On a CUDA device a pass reads whole tables instead (device_slice below): requests run
+  // together as usual, and take turns when their tables outgrow the device pool.
+  const bool sliced = cold_ && (runner_->on_device() || slice_for_testing_);
+  const size_t max_running = cold_ && !sliced ? 1 : size_t(opt_.max_batch);
   auto shares_prefill = [&](const Request::State& r) {
     if (!r.opt.prefix_cache) return false;
     for (const auto& q : running_) {
@@ -137,9 +171,11 @@ StepPlan Engine::Impl::schedule() {
     waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
   }
   // 3. Slots for decode tokens, oldest first; exhaustion preempts the newest request.
+  const std::vector<const Request::State*> slice = sliced ? device_slice() : std::vector<const Request::State*>{};
+  auto sits_out = [&](const Request::State& r) { return sliced && std::find(slice.begin(), slice.end(), &r) == slice.end(); };
   for (size_t i = 0; i < running_.size(); ++i) {
     Request::State& r = st(running_[i]);
-    if (r.phase != Phase::kDecode) continue;
+    if (r.phase != Phase::kDecode || sits_out(r)) continue;
     for (;;) {
       auto slot = kv_->append_slot(r.seq);
       if (slot) {
@@ -176,6 +212,7 @@ StepPlan Engine::Impl::schedule() {
   int64_t budget = opt_.prefill_chunk;
   for (auto& q : running_) {
     Request::State& r = st(q);
+    if (sits_out(r)) continue;
     PlannedRows b;
     b.req = &r;
     b.seq = r.seq;

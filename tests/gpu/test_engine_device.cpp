@@ -127,11 +127,7 @@ TEST(EngineDevice, UnsupportedOptionsOnCudaAreErrorsOnEveryMachine) {
   EXPECT_EQ(error_of([&] { Engine::load("/nonexistent_model_dir", a); }),
             "device cuda:0: layer streaming from disk (weight_budget, --weight-budget) is CPU-only; on a CUDA device, "
             "layers stream from pinned host memory under vram_budget (--vram-budget)");
-  EngineOptions b = on(kCuda);
-  b.cold_dir = "/tmp";
-  EXPECT_EQ(error_of([&] { Engine::load("/nonexistent_model_dir", b); }),
-            "device cuda:0: the cold KV tier (cold_dir, --kv-cold-dir) is not supported on a CUDA device yet (no "
-            "device -> host spill)");
+  // The cold tier (cold_dir) runs on a device now (test_engine_spill.cpp): no option error.
 }
 
 TEST(EngineDevice, ModelLoadAloneRefusesCudaNamingTheEngine) {
