@@ -98,7 +98,8 @@ step "test_gpu (GPU decoder vs CPU decoder, stories260K greedy, streamed == resi
 timeout 180 "$bin/test_gpu" --gtest_filter='-EngineDevice.*' --gtest_output="xml:$out/test_gpu.xml" || rc=1
 
 # Issue 29: the engine on the device (gpu::PagedRunner under the scheduler, prefix cache,
-# continuous batching, chunk copy-in with re-rotation) against the engine on the CPU, and the
+# continuous batching, chunk copy-in with re-rotation, layer streaming under a VRAM budget:
+# tests/gpu/test_engine_stream.cpp) against the engine on the CPU, and the
 # TTFT with chunk reuse on the GPU (EngineDevice.TtftWithChunkReusePrinted prints it).
 step "test_gpu EngineDevice.* (the engine on cuda vs on cpu; TTFT with chunk reuse)"
 timeout 300 "$bin/test_gpu" --gtest_filter='EngineDevice.*' --gtest_output="xml:$out/test_engine_device.xml" \

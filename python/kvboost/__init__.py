@@ -229,7 +229,8 @@ class KVBoost:
                         chunk_store: Optional[str] = None, threads: Optional[int] = None,
                         weight_budget: Union[int, str, None] = None, kv_budget: Union[int, str, None] = None,
                         max_batch: int = 16, head_quant: str = "auto", revision: Optional[str] = None, device: str = "cpu",
-                        download: Optional[bool] = None, **engine_options: Any) -> "KVBoost":
+                        vram_budget: Union[int, str, None] = None, download: Optional[bool] = None,
+                        **engine_options: Any) -> "KVBoost":
         """Loads ``model``: a model directory (config.json, *.safetensors, tokenizer.json), a .gguf
         file, or a Hugging Face id ``ORG/NAME[@REVISION][:FILE.gguf]`` (see :func:`resolve_model`).
 
@@ -244,7 +245,9 @@ class KVBoost:
         weight_budget: stream layer weights from disk within this many bytes (e.g. "768M").
         kv_budget: paged KV memory. device: "cpu" (default), "cuda" or "cuda:N" (a CUDA build and
         device; InvalidRequestError for a bad value, EngineError naming the device when it is not
-        usable, docs/gpu.md). Other keyword options go to EngineOptions (block_size,
+        usable, docs/gpu.md). vram_budget: with a CUDA device, device bytes for weights, K/V pools
+        and scratch (e.g. "6GiB"); layers beyond it stream from pinned host memory through two
+        device slots (InvalidRequestError on the CPU). Other keyword options go to EngineOptions (block_size,
         prefill_chunk, chunk_window, cold_dir, chunk_disk_bytes)."""
         if recompute_strategy not in _STRATEGIES:
             raise InvalidRequestError(f'recompute_strategy = "{recompute_strategy}" must be one of '
@@ -260,7 +263,8 @@ class KVBoost:
                                     chunk_ram_bytes=_bytes(max_cache_bytes, "max_cache_bytes"),
                                     chunk_store=chunk_store, weight_budget=_bytes(weight_budget, "weight_budget"),
                                     kv_budget_bytes=_bytes(kv_budget, "kv_budget"), max_batch=max_batch,
-                                    head_quant=head_quant, device=device)
+                                    head_quant=head_quant, device=device,
+                                    vram_budget=_bytes(vram_budget, "vram_budget"))
         known = {"block_size", "prefill_chunk", "chunk_window", "cold_dir", "chunk_disk_bytes"}
         for k, v in engine_options.items():
             if k not in known:

@@ -251,3 +251,6 @@ def test_device_option(tiny_dir):
     msg = str(ei.value)
     assert ("built without CUDA (-DKVBOOST_CUDA=ON)" in msg or "CUDA sees" in msg
             or "no CUDA device" in msg), msg
+    # vram_budget (device layer streaming) is for a CUDA device: on the CPU, an error naming it
+    with pytest.raises(kvboost.InvalidRequestError, match="vram_budget = 1073741824 is for a CUDA device"):
+        kvboost.KVBoost.from_pretrained(tiny_dir, device="cpu", vram_budget="1GiB")
