@@ -17,6 +17,7 @@
 #include "kvboost/runtime.h"
 #include "testing/fixture.h"
 #include "test_util.h"
+#include "device_test_util.h"
 #include "error_of.h"
 
 using namespace kvboost;
@@ -27,14 +28,10 @@ namespace {
 
 constexpr double kTol = 1e-3;
 
-#define REQUIRE_GPU()                                                                \
-  if (gpu::device_count() == 0)                                                      \
-  GTEST_SKIP() << (gpu::built_with_cuda() ? "no CUDA device" : "built without CUDA") \
-               << " (device tests run only where scripts/gpu_check.sh runs them)"
 
 std::string stories() { return test::model_path("stories260K"); }
 
-const Device kCuda{Device::Kind::Cuda, 0};
+using test::kCuda;
 
 EngineOptions on(const Device& d, EngineOptions eo = {}) {
   eo.load.device = d;
@@ -262,15 +259,7 @@ TEST(EngineDevice, CacheBlendOnTheDeviceMatchesTheCpu) {
   for (int d = 0; d < 3; ++d)
     for (int i = 0; i < 90; ++i) docs[size_t(d)].push_back(int32_t((i * (7 + 2 * d) + 11 * d) % 200 + 3));
   auto build = [&](std::initializer_list<int> order, std::vector<int64_t>* segs) {
-    std::vector<int32_t> ids = {1, 5, 9, 17};
-    segs->clear();
-    for (int d : order) {
-      segs->push_back(int64_t(ids.size()));
-      ids.insert(ids.end(), docs[size_t(d)].begin(), docs[size_t(d)].end());
-    }
-    segs->push_back(int64_t(ids.size()));
-    for (int32_t q : {40, 41, 42, 43, 44}) ids.push_back(q);
-    return ids;
+    return test::rag_ids(docs, order, {1, 5, 9, 17}, {40, 41, 42, 43, 44}, segs);
   };
   std::vector<int64_t> segs;
   const auto first = build({0, 1, 2}, &segs);
@@ -312,15 +301,7 @@ TEST(EngineDevice, TtftWithChunkReusePrinted) {
   for (int d = 0; d < 3; ++d)
     for (int i = 0; i < 600; ++i) docs[size_t(d)].push_back(int32_t((i * (d + 5) + 7 * d) % 200 + 3));
   auto build = [&](std::initializer_list<int> order, std::vector<int64_t>* segs) {
-    std::vector<int32_t> ids = {1, 5, 9, 13};
-    segs->clear();
-    for (int d : order) {
-      segs->push_back(int64_t(ids.size()));
-      ids.insert(ids.end(), docs[size_t(d)].begin(), docs[size_t(d)].end());
-    }
-    segs->push_back(int64_t(ids.size()));
-    for (int i = 0; i < 8; ++i) ids.push_back(20 + i);
-    return ids;
+    return test::rag_ids(docs, order, {1, 5, 9, 13}, {20, 21, 22, 23, 24, 25, 26, 27}, segs);
   };
   std::vector<int64_t> segs;
   GenerateOptions store = greedy(1);

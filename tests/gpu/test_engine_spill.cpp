@@ -13,6 +13,7 @@
 #include "kvboost/gpu.h"
 #include "kvboost/runtime.h"
 #include "test_util.h"
+#include "device_test_util.h"
 #include "error_of.h"
 
 using namespace kvboost;
@@ -21,12 +22,8 @@ using kvboost::test::error_of;
 
 namespace {
 
-const Device kCuda{Device::Kind::Cuda, 0};
+using test::kCuda;
 
-#define REQUIRE_GPU()                                                                \
-  if (gpu::device_count() == 0)                                                      \
-  GTEST_SKIP() << (gpu::built_with_cuda() ? "no CUDA device" : "built without CUDA") \
-               << " (device tests run only where scripts/gpu_check.sh runs them)"
 
 std::string stories() { return test::model_path("stories260K"); }
 

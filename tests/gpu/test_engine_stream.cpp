@@ -16,6 +16,7 @@
 #include "kvboost/runtime.h"
 #include "testing/fixture.h"
 #include "test_util.h"
+#include "device_test_util.h"
 #include "error_of.h"
 
 using namespace kvboost;
@@ -24,12 +25,8 @@ using kvboost::test::error_of;
 
 namespace {
 
-const Device kCuda{Device::Kind::Cuda, 0};
+using test::kCuda;
 
-#define REQUIRE_GPU()                                                                \
-  if (gpu::device_count() == 0)                                                      \
-  GTEST_SKIP() << (gpu::built_with_cuda() ? "no CUDA device" : "built without CUDA") \
-               << " (device tests run only where scripts/gpu_check.sh runs them)"
 
 // 8 layers, head_dim 32 (the tiled attention kernels), GQA 8 over 2; awq: every projection 4-bit.
 std::string model8(bool awq) {
