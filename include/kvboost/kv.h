@@ -328,6 +328,8 @@ class HostColdStore : public ColdStore {
   // The host side of moving srcs[i] <-> host slot slots[i], merged; to_host: a write.
   void host_io(bool to_host, std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> pieces);
   void next_io(bool to_next, std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> pieces);
+  // Splits a batch between the host slots and the next tier, runs both, waits once.
+  void transfer(bool to_store, std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> io);
   void issue(std::vector<Op>& ops, bool to_host);
   void wait();
   void* alloc(size_t bytes);

@@ -187,34 +187,29 @@ void HostColdStore::write(int64_t slot, std::span<const IoPiece> pieces) {
   write_batch(std::span(&slot, 1), std::span(&p, 1));
 }
 
-void HostColdStore::write_batch(std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> srcs) {
-  if (slots.size() != srcs.size()) fail("HostColdStore::write_batch: ", slots.size(), " slots, ", srcs.size(), " sources");
+void HostColdStore::transfer(bool to_store, std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> io) {
+  // Host slots first, then the next tier's; one wait at the end: the manager hands out the hot
+  // blocks (after a write) or releases the slots (after a read) as soon as this returns.
   std::vector<int64_t> hs, ns;
   std::vector<std::vector<IoPiece>> hp, np;
   for (size_t i = 0; i < slots.size(); ++i) {
     const bool host = slots[i] < n_host_;
     (host ? hs : ns).push_back(slots[i]);
-    (host ? hp : np).push_back(srcs[i]);
+    (host ? hp : np).push_back(io[i]);
   }
-  host_io(true, hs, hp);
-  next_io(true, ns, np);
-  // The hot blocks are handed out again as soon as this returns.
+  host_io(to_store, hs, hp);
+  next_io(to_store, ns, np);
   wait();
+}
+
+void HostColdStore::write_batch(std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> srcs) {
+  if (slots.size() != srcs.size()) fail("HostColdStore::write_batch: ", slots.size(), " slots, ", srcs.size(), " sources");
+  transfer(true, slots, srcs);
 }
 
 void HostColdStore::read(std::span<const int64_t> slots, std::span<const std::vector<IoPiece>> dsts) {
   if (slots.size() != dsts.size()) fail("HostColdStore::read: ", slots.size(), " slots, ", dsts.size(), " destinations");
-  std::vector<int64_t> hs, ns;
-  std::vector<std::vector<IoPiece>> hp, np;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const bool host = slots[i] < n_host_;
-    (host ? hs : ns).push_back(slots[i]);
-    (host ? hp : np).push_back(dsts[i]);
-  }
-  host_io(false, hs, hp);
-  next_io(false, ns, np);
-  // The manager releases the slots (they may be rewritten) as soon as this returns.
-  wait();
+  transfer(false, slots, dsts);
 }
 
 }  // namespace kvboost::kv
