@@ -99,6 +99,7 @@ int64_t get_int(const nlohmann::json& j, const char* key, const std::string& sou
                 std::optional<int64_t> def = std::nullopt, int64_t min_value = 1);
 double get_num(const nlohmann::json& j, const char* key, const std::string& source, double def);
 bool get_bool(const nlohmann::json& j, const char* key, const std::string& source, bool def);
+std::string get_str(const nlohmann::json& j, const char* key, const std::string& source, const std::string& def);
 // hidden_act must be silu (the SwiGLU families).
 void require_silu(const nlohmann::json& j, const std::string& source, ModelConfig& c);
 }  // namespace cfgjson

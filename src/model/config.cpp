@@ -54,6 +54,13 @@ double get_num(const json& j, const char* key, const std::string& source, double
   return it->get<double>();
 }
 
+std::string get_str(const json& j, const char* key, const std::string& source, const std::string& def) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return def;
+  if (!it->is_string()) fail(source, ": field \"", key, "\" must be a string, got ", it->dump());
+  return it->get<std::string>();
+}
+
 bool get_bool(const json& j, const char* key, const std::string& source, bool def) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return def;
@@ -62,7 +69,7 @@ bool get_bool(const json& j, const char* key, const std::string& source, bool de
 }
 
 void require_silu(const json& j, const std::string& source, ModelConfig& c) {
-  c.hidden_act = j.value("hidden_act", std::string("silu"));
+  c.hidden_act = get_str(j, "hidden_act", source, "silu");
   if (c.hidden_act != "silu") fail(source, ": hidden_act \"", c.hidden_act, "\" is not supported (silu)");
 }
 
@@ -73,6 +80,7 @@ namespace {
 using cfgjson::get_bool;
 using cfgjson::get_int;
 using cfgjson::get_num;
+using cfgjson::get_str;
 
 std::vector<int32_t> get_ids(const json& j, const char* key, const std::string& source) {
   std::vector<int32_t> out;
@@ -93,9 +101,10 @@ std::vector<int32_t> get_ids(const json& j, const char* key, const std::string& 
 
 }  // namespace
 
-ModelConfig ModelConfig::from_json(const std::string& config_json,
-                                   const std::string& generation_config_json,
-                                   const std::string& source) {
+namespace {
+
+ModelConfig config_from_json(const std::string& config_json, const std::string& generation_config_json,
+                             const std::string& source) {
   json j = parse(config_json, source);
   if (!j.is_object()) fail(source, ": expected a JSON object");
   ModelConfig c;
@@ -157,7 +166,8 @@ ModelConfig ModelConfig::from_json(const std::string& config_json,
   auto rs = j.find("rope_scaling");
   if (rs != j.end() && !rs->is_null()) {
     if (!rs->is_object()) fail(source, ": rope_scaling must be an object or null");
-    std::string type = rs->value("rope_type", rs->value("type", std::string("default")));
+    const std::string rsrc = source + " rope_scaling";
+    std::string type = get_str(*rs, "rope_type", rsrc, get_str(*rs, "type", rsrc, "default"));
     c.rope_scaling.type = type;
     c.rope_scaling.factor = get_num(*rs, "factor", source + " rope_scaling", 1.0);
     if (type == "llama3") {
@@ -200,11 +210,26 @@ ModelConfig ModelConfig::from_json(const std::string& config_json,
       c.generation.do_sample = get_bool(g, "do_sample", gsrc, false);
       c.generation.temperature = float(get_num(g, "temperature", gsrc, 1.0));
       c.generation.top_p = float(get_num(g, "top_p", gsrc, 1.0));
-      c.generation.top_k = int(get_num(g, "top_k", gsrc, 50));  // GenerationConfig default
+      const double top_k = get_num(g, "top_k", gsrc, 50);  // GenerationConfig default
+      if (!(top_k >= 0 && top_k <= double(1 << 24)))
+        fail(gsrc, ": field \"top_k\" = ", top_k, " is out of range (0 to ", 1 << 24, ")");
+      c.generation.top_k = int(top_k);
       c.generation.repetition_penalty = float(get_num(g, "repetition_penalty", gsrc, 1.0));
     }
   }
   return c;
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const std::string& config_json,
+                                   const std::string& generation_config_json,
+                                   const std::string& source) {
+  try {
+    return config_from_json(config_json, generation_config_json, source);
+  } catch (const json::exception& e) {  // a field of a type no check above expected
+    fail(source, ": ", e.what());
+  }
 }
 
 ModelConfig ModelConfig::from_dir(const std::string& dir) {

@@ -190,7 +190,27 @@ void add_config_cases(std::vector<Case>& cases) {
     c = good_config();
     c["mlp_bias"] = true;
     cfg_case("mlp_bias", c.dump(), "mlp_bias");
+    // Found by fuzz_config in CI (2026-12-06): a string field holding another type made
+    // nlohmann's value() throw type_error, which escaped as a non-kvboost error.
+    c = good_config();
+    c["hidden_act"] = 3;
+    cfg_case("hidden_act a number", c.dump(), "hidden_act");
+    c = good_config();
+    c["rope_scaling"] = {{"type", 4}, {"factor", 2.0}};
+    cfg_case("rope_scaling type a number", c.dump(), "type");
+    c = good_config();
+    c["rope_scaling"] = {{"rope_type", json::array()}, {"factor", 2.0}};
+    cfg_case("rope_scaling rope_type a list", c.dump(), "rope_type");
+    c = good_config();
+    c["model_type"] = "gemma3_text";
+    c["hidden_activation"] = false;
+    cfg_case("gemma3 hidden_activation a bool", c.dump(), "hidden_activation");
   }
+  const std::string good = good_config().dump();
+  for (const json& k : {json(1e30), json(-5), json("many")})
+    cases.push_back({"generation_config.json: top_k = " + k.dump(),
+                     [good, k] { (void)ModelConfig::from_json(good, json{{"top_k", k}}.dump(), "config.json"); },
+                     "top_k"});
 }
 
 // ---- GGUF ----------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ void configure(const nlohmann::json& j, const std::string& source, ModelConfig& 
   c.qk_norm = true;
   // Gemma's config names the activation hidden_activation (hidden_act is a legacy field).
   const char* act_key = j.contains("hidden_activation") ? "hidden_activation" : "hidden_act";
-  c.hidden_act = j.value(act_key, std::string("gelu_pytorch_tanh"));
+  c.hidden_act = cfgjson::get_str(j, act_key, source, "gelu_pytorch_tanh");
   // (silu is accepted too, as Hugging Face's ACT2FN would run it.)
   if (c.hidden_act != "gelu_pytorch_tanh" && c.hidden_act != "silu")
     fail(source, ": ", act_key, " \"", c.hidden_act, "\" is not supported (gelu_pytorch_tanh)");
