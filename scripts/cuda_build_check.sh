@@ -24,9 +24,10 @@ jobs="${KVBOOST_JOBS:-$(nproc)}"
 start=$SECONDS
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBOOST_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" > /dev/null
 if [[ "${KVBOOST_CUDA_CHECK_FULL:-0}" == "1" ]]; then
-  ninja -C "$dir" -j "$jobs" test_gpu test_gpu_kernels gpu_stream_bench gpu_attention_bench test_dist
+  ninja -C "$dir" -j "$jobs" test_gpu test_gpu_kernels test_tp_device gpu_stream_bench gpu_attention_bench test_dist
   "$dir/tests/gpu/test_gpu_kernels" --gtest_brief=1
   "$dir/tests/gpu/test_gpu" --gtest_brief=1
+  "$dir/tests/gpu/test_tp_device" --gtest_brief=1
   what="built the CUDA targets and ran the GPU tests (skipped without a device)"
 else
   ninja -C "$dir" -j "$jobs" \
@@ -45,7 +46,9 @@ else
     tests/gpu/CMakeFiles/test_gpu_kernels.dir/test_gpu_kernels.cpp.o \
     tests/gpu/CMakeFiles/test_nccl.dir/test_nccl.cpp.o
   # NCCL is optional (src/dist/CMakeLists.txt): its file is compiled where the toolkit has it.
-  if ninja -C "$dir" -t targets all | grep -q '^src/dist/CMakeFiles/kvboost_dist.dir/nccl.cpp.o:'; then
+  # (grep without -q reads all of ninja's output: -q would exit at the match, and under pipefail
+  # ninja's SIGPIPE would fail the test and skip nccl.cpp.)
+  if ninja -C "$dir" -t targets all | grep '^src/dist/CMakeFiles/kvboost_dist.dir/nccl.cpp.o:' > /dev/null; then
     ninja -C "$dir" -j "$jobs" src/dist/CMakeFiles/kvboost_dist.dir/nccl.cpp.o
   fi
   what="compiled the CUDA-only sources"

@@ -2,8 +2,8 @@
 # The CUDA backend's device check: GPU kernel tests (elementwise, GEMV, paged FA2 prefill, split-K
 # decode, AWQ int4 GEMV / dequant + cuBLAS, the paged K/V write / gather / re-rotation / plain
 # attention), GPU-vs-CPU decoder tests (every dtype, AWQ), the engine on the device against the
-# engine on the CPU (tests/gpu/test_engine_device.cpp, with TTFT under chunk reuse), the
-# layer streaming benchmark (bench/gpu_stream_bench.cpp, also on a 7B-shaped AWQ model with a
+# engine on the CPU (tests/gpu/test_engine_device.cpp, with TTFT under chunk reuse), tensor
+# parallelism on the device (tests/gpu/test_tp_device.cpp), the layer streaming benchmark (bench/gpu_stream_bench.cpp, also on a 7B-shaped AWQ model with a
 # quarter of its layers on the device) and FA2 vs naive attention at 4K/16K
 # (bench/gpu_attention_bench.cpp), on a machine with an NVIDIA GPU. docs/gpu.md lists what each
 # result shows.
@@ -26,10 +26,10 @@ carry=build-cuda/carry
 if [[ "$mode" == "stage" ]]; then
   set -e
   [[ -f build-cuda/build.ninja ]] || cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVBOOST_CUDA=ON
-  ninja -C build-cuda -j"${KVBOOST_JOBS:-2}" test_gpu test_gpu_kernels test_nccl gpu_stream_bench gpu_attention_bench kvboost-fixture kvboost
+  ninja -C build-cuda -j"${KVBOOST_JOBS:-2}" test_gpu test_gpu_kernels test_nccl test_tp_device gpu_stream_bench gpu_attention_bench kvboost-fixture kvboost
   rm -rf "$carry"
   mkdir -p "$carry/bin" "$carry/lib" "$carry/shared/models"
-  for b in tests/gpu/test_gpu tests/gpu/test_gpu_kernels tests/gpu/test_nccl bench/gpu_stream_bench bench/gpu_attention_bench kvboost-fixture kvboost; do
+  for b in tests/gpu/test_gpu tests/gpu/test_gpu_kernels tests/gpu/test_nccl tests/gpu/test_tp_device bench/gpu_stream_bench bench/gpu_attention_bench kvboost-fixture kvboost; do
     strip -o "$carry/bin/$(basename "$b")" "build-cuda/$b"
   done
   # Libraries a bare CUDA image may lack (Debian 12 sonames): everything the binaries resolve
@@ -104,6 +104,12 @@ timeout 180 "$bin/test_gpu" --gtest_filter='-EngineDevice.*' --gtest_output="xml
 step "test_gpu EngineDevice.* (the engine on cuda vs on cpu; TTFT with chunk reuse)"
 timeout 300 "$bin/test_gpu" --gtest_filter='EngineDevice.*' --gtest_output="xml:$out/test_engine_device.xml" \
   | tee "$out/test_engine_device.txt" || rc=1
+
+# Issue 29: tensor parallelism on the device (tests/gpu/test_tp_device.cpp): TP=2 over shared
+# memory (two processes on GPU 0) and, with two GPUs, over NCCL, against TP=1 on the device and
+# the CPU forward (llama / qwen2 / qwen3 fixtures, stories260K, AWQ shards).
+step "test_tp_device (TP=2 on the device vs TP=1 and the CPU)"
+timeout 300 "$bin/test_tp_device" --gtest_output="xml:$out/test_tp_device.xml" | tee "$out/test_tp_device.txt" || rc=1
 
 if [[ "${KVBOOST_GPU_CHECK_BENCH:-1}" == "1" ]]; then
   models=/tmp/kvboost_gpu_models

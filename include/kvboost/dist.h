@@ -49,6 +49,7 @@ class Comm {
  private:
   friend void nccl_destroy(Comm& c);
   friend void* nccl_stream(const Comm& c);
+  friend int nccl_device(const Comm& c);
   Comm() = default;
   Backend backend_ = Backend::Local;
   int rank_ = 0, world_ = 1;
@@ -100,5 +101,7 @@ void nccl_destroy(Comm& c);
 bool nccl_built();
 // The CUDA stream (cudaStream_t) a NCCL Comm enqueues on; nullptr for the other backends.
 void* nccl_stream(const Comm& c);
+// The CUDA device a NCCL Comm was made on; -1 for the other backends.
+int nccl_device(const Comm& c);
 
 }  // namespace kvboost::dist

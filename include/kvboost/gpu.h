@@ -3,7 +3,8 @@
 // from pinned host memory through a few device slots (models larger than the device's weight
 // budget), and the engine's paged device runner (PagedRunner: the forward passes of the
 // engine's scheduler over device K/V pools indexed by the kv manager's block ids) with its
-// host-side pass planning. Uses kvboost/model.h and kvboost/kv_layout.h (block ids).
+// host-side pass planning; with a dist::Comm, one rank of a tensor-parallel group of such
+// runners. Uses kvboost/model.h, kvboost/kv_layout.h (block ids) and kvboost/dist.h.
 //
 // The API exists in every build. A build without -DKVBOOST_CUDA=ON answers every call that needs
 // the device with Error "built without CUDA (-DKVBOOST_CUDA=ON)"; built_with_cuda() and
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "kvboost/dist.h"  // dist::Comm (tensor parallelism on devices)
 #include "kvboost/kv.h"  // kv::HotTier, kv::IoPiece, kv::SlotCopy (the device KV spill)
 #include "kvboost/kv_layout.h"
 #include "kvboost/model.h"
@@ -294,9 +296,24 @@ struct PagedRunnerOptions {
   // pinned host memory (AWQ ones packed, 4-bit) and are copied on a copy stream into two device
   // slots while the layer before them computes (src/gpu/paged_stream.cpp).
   uint64_t vram_budget = 0;
+  // Tensor parallelism (docs/gpu.md "Tensor parallelism on a device"). Local, the default: the
+  // whole model. A group of comm.world() > 1: this runner holds rank comm.rank()'s shard as
+  // TpShard does on the CPU (tp_plan: its heads' Q/K/V rows and biases, O columns, its slice of
+  // gate/up rows and down columns, the o_proj bias on rank 0 only; norms, embeddings and the head
+  // whole), K/V pools of its K/V heads only (pool.n_kv_heads = tp_plan(...).config.n_kv_heads),
+  // and completes the O and down projections' partial sums with comm.all_reduce_sum: on device
+  // pointers when comm is NCCL (the runner then enqueues all its work on the comm's stream, and
+  // the comm's device must be `device`; destroy the runner before nccl_destroy), through pinned
+  // host memory (device -> host, the shared-memory sum, host -> device) when it is Shm, so that
+  // several ranks may share one GPU. Every rank makes the same calls with the same arguments
+  // (same tokens, tables, rows); every rank gets the whole logits. write_rows / read_rows /
+  // snapshot_rows / block_pieces then move the rank's K/V heads only. Not with vram_budget nor
+  // forward_blend (Errors).
+  dist::Comm comm = dist::Comm::local();
 };
 
-// Errors (at create): built without CUDA; no device; an architecture or config the device pass
+// Errors (at create): a tensor-parallel group the model does not split over (tp_plan's errors,
+// checked first, in every build); built without CUDA; no device; an architecture or config the device pass
 // does not run (gemma3: its sandwich norms, GELU gate, embedding scale and local RoPE base),
 // head_dim above 256; weight dtypes other than F32/F16/BF16 and AutoAWQ 4-bit; not enough device
 // memory for the weights plus both pools, or for the resident layers, the streaming slots and the

@@ -361,6 +361,31 @@ class Model {
 // LoadOptions::pack_weights = false and without layer streaming (Error otherwise); a quantized
 // matrix split along its columns needs the split at a block boundary. Row slices point into the
 // model's weights; column slices are copied (about 1/world of Wo and down per rank).
+//
+// The plan every shard follows, on the CPU (TpShard) and on a device (kvboost/gpu.h
+// PagedRunnerOptions::comm): rank `rank`'s contiguous heads and its slice of the intermediate
+// dimension. Errors: a rank outside [0, world), an architecture other than llama, mistral,
+// qwen2, qwen3 (gemma3's sandwich norms), n_heads or n_kv_heads not a multiple of world,
+// intermediate_size below world. world 1 is the whole model.
+struct TpPlan {
+  int rank = 0, world = 1;
+  ModelConfig config;      // the shard's: n_heads / world, n_kv_heads / world, intermediate i1 - i0
+  int64_t q0 = 0, q1 = 0;  // rows of Wq and the q bias, columns of Wo (the rank's heads x head_dim)
+  int64_t k0 = 0, k1 = 0;  // rows of Wk, Wv and their biases (its K/V heads x head_dim)
+  int64_t i0 = 0, i1 = 0;  // rows of gate and up, columns of down
+  bool o_bias = true;      // the o_proj bias is added on rank 0 only (the all-reduce sums every rank's)
+};
+TpPlan tp_plan(const ModelConfig& c, int rank, int world);
+// Rows [r0, r1) x columns [c0, c1) of a row-major matrix of `type` with `cols` columns:
+// tp_slice_bytes is its size ((r1 - r0) rows of kernels::wtype_row_bytes(type, c1 - c0) bytes),
+// tp_copy_slice copies it densely to dst. Error naming `what` for ranges outside the matrix and
+// when c0 or c1 is not on a block boundary of the type (quantized matrices split by columns need
+// the split at a multiple of their block: 32 for Q4_Z / Q8_0, 128 for Q4_Z128, 256 for K-quants).
+size_t tp_slice_bytes(kernels::WType type, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                      const std::string& what);
+void tp_copy_slice(const void* src, kernels::WType type, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                   void* dst, const std::string& what);
+
 class TpShard {
  public:
   static std::unique_ptr<TpShard> create(const Model& m, int rank, int world);

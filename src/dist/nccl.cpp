@@ -78,6 +78,7 @@ void nccl_destroy(Comm& c) {
 }
 
 void* nccl_stream(const Comm& c) { return c.nccl_ ? static_cast<void*>(c.nccl_->stream) : nullptr; }
+int nccl_device(const Comm& c) { return c.nccl_ ? c.nccl_->device : -1; }
 
 void nccl_all_reduce_sum(NcclState* s, float* x, int64_t n) {
   if (n == 0) return;

@@ -16,6 +16,7 @@ NcclId nccl_unique_id() { no_nccl("nccl_unique_id"); }
 Comm nccl_comm(const NcclId&, int, int, int) { no_nccl("nccl_comm"); }
 void nccl_destroy(Comm&) { no_nccl("nccl_destroy"); }
 void* nccl_stream(const Comm&) { return nullptr; }
+int nccl_device(const Comm&) { return -1; }
 void nccl_all_reduce_sum(NcclState*, float*, int64_t) { no_nccl("all_reduce_sum"); }
 void nccl_all_gather(NcclState*, const float*, int64_t, float*) { no_nccl("all_gather"); }
 void nccl_barrier(NcclState*) { no_nccl("barrier"); }

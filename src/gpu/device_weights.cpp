@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "../model/arch.h"
 #include "../model/awq.h"
 
 namespace kvboost::gpu::dev {
@@ -51,77 +50,51 @@ std::optional<AwqTensors> awq_of(const WeightFiles& f, const std::string& dir, c
   return a;
 }
 
-std::vector<LayerEntry> layer_entries(const ModelConfig& c, int64_t l) {
-  using arch::Role;
-  const arch::Arch* a = arch::find(c.model_type);
-  if (!a) fail("GPU decoder: model_type \"", c.model_type, "\" has no architecture");
-  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
-  const int64_t nq = c.n_heads * hd, nkv = c.n_kv_heads * hd;
-  const std::string p = "model.layers." + std::to_string(l) + ".";
-  std::vector<LayerEntry> out;
-  for (const arch::LayerTensor& t : a->tensors) {
-    if (t.when == arch::When::AttentionBias && !c.attention_bias) continue;
-    const std::string name = p + t.hf;
-    switch (t.role) {
-      case Role::Wq: out.push_back({kWq, name, nq, H}); break;
-      case Role::Wk: out.push_back({kWk, name, nkv, H}); break;
-      case Role::Wv: out.push_back({kWv, name, nkv, H}); break;
-      case Role::Wo: out.push_back({kWo, name, H, nq}); break;
-      case Role::Gate: out.push_back({kGate, name, I, H}); break;
-      case Role::Up: out.push_back({kUp, name, I, H}); break;
-      case Role::Down: out.push_back({kDown, name, H, I}); break;
-      case Role::AttnNorm: out.push_back({kAttnNorm, name, H, 0}); break;
-      case Role::MlpNorm: out.push_back({kMlpNorm, name, H, 0}); break;
-      case Role::QNorm: out.push_back({kQNorm, name, hd, 0}); break;
-      case Role::KNorm: out.push_back({kKNorm, name, hd, 0}); break;
-      case Role::QBias: out.push_back({kQBias, name, nq, 0}); break;
-      case Role::KBias: out.push_back({kKBias, name, nkv, 0}); break;
-      case Role::VBias: out.push_back({kVBias, name, nkv, 0}); break;
-      case Role::OBias: out.push_back({kOBias, name, H, 0}); break;
-      case Role::PostAttnNorm:
-      case Role::PostMlpNorm:
-        fail("GPU decoder: model_type ", c.model_type, " has sandwich norms (", t.hf, "), not supported on the GPU yet");
-    }
-  }
-  return out;
-}
-
 // Packs layer l into `dst` (layout.bytes bytes) from the files.
 void pack_layer(const WeightFiles& f, const std::string& dir, const ModelConfig& c, int64_t l, const LayerLayout& lay,
-                uint8_t* dst) {
-  for (const LayerEntry& e : layer_entries(c, l)) {
+                uint8_t* dst, const TpPlan* tp) {
+  for (const LayerEntry& e : layer_entries(c, l, tp)) {
+    uint8_t* out = dst + lay.piece[e.id].off;
     if (e.cols > 0) {
-      if (const auto a = awq_of(f, dir, e.name, e.rows, e.cols)) {
-        std::vector<uint8_t> q4z(size_t(e.rows * (e.cols / 32) * 20));
+      if (const auto a = awq_of(f, dir, e.name, e.full_rows, e.full_cols)) {
+        // The whole matrix repacked (AWQ packs 8 output columns per int32), then the piece's rows
+        // and columns of the repacked blocks (all of them at world 1).
+        const int64_t R = e.full_rows, C = e.full_cols;
+        std::vector<uint8_t> q4z(size_t(R * (C / 32) * 20)), q128;
         awq::repack_q4z(static_cast<const int32_t*>(a->qweight->data), static_cast<const int32_t*>(a->qzeros->data),
-                        static_cast<const uint16_t*>(a->scales->data), e.cols, e.rows, a->group, q4z.data());
-        if (a->wt == WType::Q4_Z128) awq::q4z_to_q4z128(q4z.data(), e.rows, e.cols, dst + lay.piece[e.id].off);
-        else std::memcpy(dst + lay.piece[e.id].off, q4z.data(), q4z.size());
+                        static_cast<const uint16_t*>(a->scales->data), C, R, a->group, q4z.data());
+        const uint8_t* whole = q4z.data();
+        if (a->wt == WType::Q4_Z128) {
+          q128.resize(size_t(R) * size_t(kernels::wtype_row_bytes(WType::Q4_Z128, C)));
+          awq::q4z_to_q4z128(q4z.data(), R, C, q128.data());
+          whole = q128.data();
+        }
+        tp_copy_slice(whole, a->wt, C, e.r0, e.r0 + e.rows, e.c0, e.c0 + e.cols, out, e.name);
         continue;
       }
-      const TensorInfo& t = tensor(f, dir, e.name, {e.rows, e.cols});
-      std::memcpy(dst + lay.piece[e.id].off, t.data, t.nbytes);
+      const TensorInfo& t = tensor(f, dir, e.name, {e.full_rows, e.full_cols});
+      if (e.sliced()) tp_copy_slice(t.data, wtype_of(t), e.full_cols, e.r0, e.r0 + e.rows, e.c0, e.c0 + e.cols, out, e.name);
+      else std::memcpy(out, t.data, t.nbytes);
     } else {
-      const TensorInfo& t = tensor(f, dir, e.name, {e.rows});
-      kernels::to_f32(t.data, wtype_of(t), reinterpret_cast<float*>(dst + lay.piece[e.id].off), e.rows);
+      const TensorInfo& t = tensor(f, dir, e.name, {e.full_rows});
+      const WType wt = wtype_of(t);
+      kernels::to_f32(static_cast<const uint8_t*>(t.data) + kernels::wtype_row_bytes(wt, e.r0), wt,
+                      reinterpret_cast<float*>(out), e.rows);
     }
   }
 }
 
-LayerLayout layout_of(const WeightFiles& f, const std::string& dir, const ModelConfig& c, int64_t l) {
+LayerLayout layout_of(const WeightFiles& f, const std::string& dir, const ModelConfig& c, int64_t l, const TpPlan* tp) {
   LayerLayout lay;
   size_t off = 0;
-  const std::vector<LayerEntry> entries = layer_entries(c, l);
+  const std::vector<LayerEntry> entries = layer_entries(c, l, tp);
   for (const LayerEntry& e : entries) {  // matrices first, then the f32 vectors
     if (e.cols == 0) continue;
-    if (const auto a = awq_of(f, dir, e.name, e.rows, e.cols)) {
-      lay.piece[e.id] = Piece{off, a->wt, true};
-      off = align_up(off + size_t(e.rows) * size_t(kernels::wtype_row_bytes(a->wt, e.cols)));
-      continue;
-    }
-    const TensorInfo& t = tensor(f, dir, e.name, {e.rows, e.cols});
-    lay.piece[e.id] = Piece{off, wtype_of(t), true};
-    off = align_up(off + t.nbytes);
+    WType wt = WType::F32;
+    if (const auto a = awq_of(f, dir, e.name, e.full_rows, e.full_cols)) wt = a->wt;
+    else wt = wtype_of(tensor(f, dir, e.name, {e.full_rows, e.full_cols}));
+    lay.piece[e.id] = Piece{off, wt, true};
+    off = align_up(off + tp_slice_bytes(wt, e.full_cols, e.r0, e.r0 + e.rows, e.c0, e.c0 + e.cols, e.name));
   }
   for (const LayerEntry& e : entries) {
     if (e.cols != 0) continue;
@@ -154,14 +127,15 @@ LayerPtrs layer_ptrs(const uint8_t* base, const LayerLayout& lay) {
   return p;
 }
 
-ResidentWeights upload_resident(const Model& model, const char* what, const ResidentChoice& choose, HostLayers* host) {
+ResidentWeights upload_resident(const Model& model, const char* what, const ResidentChoice& choose, HostLayers* host,
+                                const TpPlan* tp) {
   const ModelConfig& c = model.config();
   const std::string& dir = model.dir();
   const std::string g = gguf_model_file(dir);
   const WeightFiles f = g.empty() ? WeightFiles::open_dir(dir) : WeightFiles::open_gguf(g, /*keep_quantized=*/false);
   ResidentWeights w;
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    w.layouts.push_back(layout_of(f, dir, c, l));
+    w.layouts.push_back(layout_of(f, dir, c, l, tp));
     w.slot_bytes = std::max(w.slot_bytes, w.layouts.back().bytes);
     for (const Piece& pc : w.layouts.back().piece)
       w.q4 = w.q4 || (pc.present && (pc.wt == WType::Q4_Z || pc.wt == WType::Q4_Z128));
@@ -200,10 +174,10 @@ ResidentWeights upload_resident(const Model& model, const char* what, const Resi
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerLayout& lay = w.layouts[size_t(l)];
     if (!resident[size_t(l)]) {  // packed once into pinned memory: the copies stream from there
-      pack_layer(f, dir, c, l, lay, host->buf.as<uint8_t>() + host->off[size_t(l)]);
+      pack_layer(f, dir, c, l, lay, host->buf.as<uint8_t>() + host->off[size_t(l)], tp);
       continue;
     }
-    pack_layer(f, dir, c, l, lay, buf.data());
+    pack_layer(f, dir, c, l, lay, buf.data(), tp);
     check(cudaMemcpy(w.layers.as<uint8_t>() + w.dev_off[size_t(l)], buf.data(), lay.bytes, cudaMemcpyHostToDevice),
           "cudaMemcpy(layer)");
   }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../kernels/cuda/cuda_kernels.h"
+#include "layer_entries.h"
 #include "kvboost/gpu.h"
 #include "kvboost/model_files.h"
 
@@ -98,9 +99,6 @@ struct Piece {
   bool present = false;
 };
 
-enum PieceId { kWq, kWk, kWv, kWo, kGate, kUp, kDown, kAttnNorm, kMlpNorm, kQNorm, kKNorm, kQBias, kKBias, kVBias,
-               kOBias, kNumPieces };
-
 struct LayerLayout {
   Piece piece[kNumPieces];
   size_t bytes = 0;
@@ -115,22 +113,13 @@ struct LayerPtrs {
 // The pointers of a layer block of layout `lay` at `base` (device memory: resident or a slot).
 LayerPtrs layer_ptrs(const uint8_t* base, const LayerLayout& lay);
 
-// Layer tensors come from the architecture's table (src/model/arch/*.cpp: the same names and
-// conditions the CPU loader binds), not from names of our own.
-struct LayerEntry {
-  int id;                // PieceId
-  std::string name;      // model.layers.<l>.<hf name>
-  int64_t rows, cols;    // cols 0: a vector of `rows` elements
-};
-
-std::vector<LayerEntry> layer_entries(const ModelConfig& c, int64_t l);
-
 // Packs layer l into `dst` (layout.bytes bytes) from the files.
 void pack_layer(const WeightFiles& f, const std::string& dir, const ModelConfig& c, int64_t l, const LayerLayout& lay,
-                uint8_t* dst);
+                uint8_t* dst, const TpPlan* tp = nullptr);
 
 // The packed layout of layer l (offsets, dtypes, the layer's sliding window).
-LayerLayout layout_of(const WeightFiles& f, const std::string& dir, const ModelConfig& c, int64_t l);
+LayerLayout layout_of(const WeightFiles& f, const std::string& dir, const ModelConfig& c, int64_t l,
+                      const TpPlan* tp = nullptr);
 
 // A whole tensor on the device, as stored.
 DevBuf upload(const TensorInfo& t);
@@ -163,7 +152,8 @@ using ResidentChoice = std::function<std::vector<bool>(const std::vector<LayerLa
 // Uploads the model's weights from its files (memory-mapped again: Model keeps its Weight views
 // private; GGUF quantized tensors arrive dequantized to f32). `what` names the caller in errors.
 // With `choose` (and `host`), the layers it does not keep resident are packed into host->buf.
+// With `tp`, the layers are the rank's shard (layer_entries); embeddings, head and final norm whole.
 ResidentWeights upload_resident(const Model& model, const char* what, const ResidentChoice& choose = {},
-                                HostLayers* host = nullptr);
+                                HostLayers* host = nullptr, const TpPlan* tp = nullptr);
 
 }  // namespace kvboost::gpu::dev

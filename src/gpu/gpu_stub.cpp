@@ -37,7 +37,9 @@ double Decoder::time_layer_copies(int) { no_cuda("Decoder::time_layer_copies"); 
 struct PagedRunner::Impl {};
 PagedRunner::PagedRunner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 PagedRunner::~PagedRunner() = default;
-std::unique_ptr<PagedRunner> PagedRunner::create(const Model&, const PagedRunnerOptions& o) {
+std::unique_ptr<PagedRunner> PagedRunner::create(const Model& model, const PagedRunnerOptions& o) {
+  // A tensor-parallel group the model does not split over is the same Error in every build.
+  if (o.comm.world() > 1) tp_plan(model.config(), o.comm.rank(), o.comm.world());
   fail("device cuda:", o.device, ": kvboost was built without CUDA (-DKVBOOST_CUDA=ON)");
 }
 void PagedRunner::forward_batch(const PagedSeq*, int64_t) { no_cuda("PagedRunner::forward_batch"); }

@@ -85,6 +85,9 @@ BlendStats PagedRunner::Impl::forward_blend(const int32_t* tokens, int64_t n, in
 
 BlendStats PagedRunner::forward_blend(const int32_t* tokens, int64_t n, int64_t n_past,
                                       std::span<const kv::BlockId> table, const BlendOptions& opt, float* logits) {
+  if (impl_->comm.world() > 1)
+    fail(device_name(impl_->opt.device), ": CacheBlend (forward_blend) under tensor parallelism is not supported (the "
+         "ranks would select rows from their own heads' deviations)");
   impl_->use();
   return impl_->forward_blend(tokens, n, n_past, table, opt, logits);
 }

@@ -5,6 +5,8 @@
 // (pass_plan.cpp: rows, slots, tables, kernels per run, buffer sizes); this file uploads it in
 // one copy and launches. All work is on one stream: block copies, chunk copy-ins and passes are
 // ordered as the engine issues them, and every call that hands data to the host synchronizes.
+#include <optional>
+
 #include "paged_runner_impl.h"
 
 namespace kvboost::gpu {
@@ -82,7 +84,14 @@ PagedRunner::~PagedRunner() = default;
 
 std::unique_ptr<PagedRunner> PagedRunner::create(const Model& model, const PagedRunnerOptions& opt) {
   const std::string dn = device_name(opt.device);
-  const ModelConfig& c = model.config();
+  // Tensor parallelism: the rank's shard, planned as TpShard plans it on the CPU (its errors
+  // first: the rank, the architecture, heads that do not split over the world).
+  std::optional<TpPlan> tp;
+  if (opt.comm.world() > 1) {
+    tp = tp_plan(model.config(), opt.comm.rank(), opt.comm.world());
+    if (opt.vram_budget) fail(dn, ": tensor parallelism with layer streaming (vram_budget) is not supported");
+  }
+  const ModelConfig& c = tp ? tp->config : model.config();
   // Gemma 3's sandwich norms, GELU gate, embedding scale and local RoPE base are CPU-only.
   if (c.model_type == "gemma3" || c.sandwich_norms || c.hidden_act != "silu" || c.embed_scale != 1.0f ||
       c.norm_weight_offset != 0.0f)
@@ -91,18 +100,23 @@ std::unique_ptr<PagedRunner> PagedRunner::create(const Model& model, const Paged
   if (c.head_dim > 256 || c.head_dim % 2 != 0) fail(dn, ": head_dim ", c.head_dim, " (the device kernels take even head dims up to 256)");
   if (opt.pool.n_layers != c.n_layers || opt.pool.n_kv_heads != c.n_kv_heads || opt.pool.head_dim != c.head_dim ||
       opt.pool.n_blocks <= 0 || opt.pool.block_size <= 0)
-    fail(dn, ": the K/V pool layout does not match the model (", opt.pool.n_layers, " layers x ", opt.pool.n_kv_heads,
-         " x ", opt.pool.head_dim, ", ", opt.pool.n_blocks, " blocks of ", opt.pool.block_size, ")");
+    fail(dn, ": the K/V pool layout does not match the model", tp ? " shard" : "", " (", opt.pool.n_layers, " layers x ",
+         opt.pool.n_kv_heads, " x ", opt.pool.head_dim, ", ", opt.pool.n_blocks, " blocks of ", opt.pool.block_size,
+         "; the model", tp ? " shard" : "", " has ", c.n_layers, " layers x ", c.n_kv_heads, " K/V heads x ", c.head_dim, ")");
   require_device(opt.device);
+  if (opt.comm.backend() == dist::Backend::Nccl && dist::nccl_device(opt.comm) != opt.device)
+    fail(dn, ": tensor parallel rank ", opt.comm.rank(), "'s NCCL communicator is on device cuda:",
+         dist::nccl_device(opt.comm), ", not on this runner's device");
   auto m = std::make_unique<Impl>();
   m->opt = opt;
   m->c = c;
+  m->comm = opt.comm;
   m->pool = opt.pool;
   m->inv_freq = model.rope_inv_freq();
   m->H = c.hidden_size, m->I = c.intermediate_size, m->hd = c.head_dim;
   m->nq = c.n_heads * c.head_dim, m->nkv = c.n_kv_heads * c.head_dim;
   m->scale = 1.0f / std::sqrt(float(c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(c.head_dim)));
-  m->load_weights(model);
+  m->load_weights(model, tp ? &*tp : nullptr);
   size_t free_b = 0, total_b = 0;
   check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   const uint64_t kv_bytes = 2 * m->pool.pool_bytes();
@@ -110,7 +124,13 @@ std::unique_ptr<PagedRunner> PagedRunner::create(const Model& model, const Paged
     fail(dn, ": the K/V pools (", m->pool.n_blocks, " blocks of ", m->pool.block_size, " tokens) need ", kv_bytes,
          " bytes, ", free_b, " are free after the weights; lower kv_budget_bytes (--kv-budget)");
   m->k_pool = DevBuf(m->pool.pool_bytes()), m->v_pool = DevBuf(m->pool.pool_bytes());
-  check(cudaStreamCreateWithFlags(&m->s, cudaStreamNonBlocking), "cudaStreamCreate");
+  if (opt.comm.backend() == dist::Backend::Nccl) {
+    // Everything on the comm's stream: the all-reduces are ordered with the kernels around them.
+    m->s = static_cast<cudaStream_t>(dist::nccl_stream(opt.comm));
+    m->own_stream = false;
+  } else {
+    check(cudaStreamCreateWithFlags(&m->s, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
   // Zeroed as the host pools are (an anonymous mapping): a pass never reads cudaMalloc's garbage
   // (a NaN bit pattern in an unwritten key would poison its whole softmax row).
   check(cudaMemsetAsync(m->k_pool.p, 0, m->k_pool.bytes, m->s), "zero the K pool");

@@ -39,14 +39,19 @@ struct PagedRunner::Impl {
   ResidentWeights w;
   DevBuf k_pool, v_pool;
   cudaStream_t s = nullptr;
+  bool own_stream = true;  // false: s is the NCCL comm's stream (tensor parallelism over NCCL)
   cublasHandle_t blas = nullptr;
   DevBuf blas_ws;
   // Scratch (PassScratch sizes) and the pass's uploaded plan (StagingLayout).
   DevBuf x, h, q, k, v, att, gate, up, xh, wq, lx, logits, ws, stage_d, rot_cs;
   HostBuf stage_h, logits_h, snap_h;
+  HostBuf reduce_h;  // tensor parallelism over shared memory: the partial sums on the host
   DevBuf dev_d, sel_d;    // CacheBlend: deviations, kept row indices (paged_blend.cpp)
   HostBuf dev_h, sel_h;
   int64_t n_passes = 0;
+  // Tensor parallelism (opt.comm; Local: the whole model): c, nq, nkv, I and the pools are the
+  // rank's shard (tp_plan), and all_reduce completes the O and down projections.
+  dist::Comm comm = dist::Comm::local();
   // Layer streaming under opt.vram_budget (paged_stream.cpp); null: every layer resident.
   struct Streamer;
   std::shared_ptr<Streamer> stream;
@@ -58,7 +63,24 @@ struct PagedRunner::Impl {
   ~Impl() {
     if (s) cudaSetDevice(opt.device), cudaStreamSynchronize(s);
     if (blas) cublasDestroy(blas);
-    if (s) cudaStreamDestroy(s);
+    if (s && own_stream) cudaStreamDestroy(s);
+  }
+
+  // x [count] (device) := the sum of every rank's x: nothing at world 1; NCCL on the device
+  // pointer (enqueued on s, the comm's stream); shared memory through reduce_h (the stream
+  // synchronized, the host sum, copied back on s: the next kernel on s sees the sum).
+  void all_reduce(float* x, int64_t count) {
+    switch (comm.backend()) {
+      case dist::Backend::Local: return;
+      case dist::Backend::Nccl: comm.all_reduce_sum(x, count); return;
+      case dist::Backend::Shm: break;
+    }
+    const size_t bytes = size_t(count) * 4;
+    reserve(reduce_h, bytes);
+    check(cudaMemcpyAsync(reduce_h.p, x, bytes, cudaMemcpyDeviceToHost, s), "tensor parallel: copy the partial sums out");
+    check(cudaStreamSynchronize(s), "tensor parallel: wait for the partial sums");
+    comm.all_reduce_sum(reduce_h.as<float>(), count);
+    check(cudaMemcpyAsync(x, reduce_h.p, bytes, cudaMemcpyHostToDevice, s), "tensor parallel: copy the sums in");
   }
 
   void reserve_scratch(int64_t n_rows, int64_t n_logit_rows) {
@@ -75,8 +97,9 @@ struct PagedRunner::Impl {
   }
 
   // Uploads the weights: all resident, or split by plan_layer_stream under opt.vram_budget
-  // (paged_stream.cpp, which also checks that the budget's share fits the device).
-  void load_weights(const Model& model);
+  // (paged_stream.cpp, which also checks that the budget's share fits the device); `tp`: the
+  // rank's shard (resident only).
+  void load_weights(const Model& model, const TpPlan* tp);
   // Layer l's weight pointers for the pass now running: resident, or its streaming slot once the
   // compute stream waits for the slot's copy. layer_done(l) after l's last kernel frees the slot
   // and issues the copy that refills it. Every layer of a pass goes through both, in order.
@@ -148,12 +171,14 @@ struct PagedRunner::Impl {
                          v_pool.as<float>() + pool.offset(l, 0), n, nkv, s);
     attention(plan, l, tables, lay.window);
     mm(lay, p, kWo, att.as<float>(), p.v[kOBias - 7], h.as<float>(), n, H, nq);
+    all_reduce(h.as<float>(), n * H);  // tensor parallelism: the rank's heads' share of O
     cuda::add_inplace(x.as<float>(), h.as<float>(), n * H, s);
     cuda::rms_norm(x.as<float>(), p.v[kMlpNorm - 7], h.as<float>(), n, H, eps, s);
     mm(lay, p, kGate, h.as<float>(), nullptr, gate.as<float>(), n, I, H);
     mm(lay, p, kUp, h.as<float>(), nullptr, up.as<float>(), n, I, H);
     cuda::silu_mul(gate.as<float>(), up.as<float>(), gate.as<float>(), n * I, s);
     mm(lay, p, kDown, gate.as<float>(), nullptr, h.as<float>(), n, H, I);
+    all_reduce(h.as<float>(), n * H);  // and its intermediate slice's share of down
     cuda::add_inplace(x.as<float>(), h.as<float>(), n * H, s);
     layer_done(l);
   }

@@ -63,12 +63,13 @@ uint64_t scratch_bytes(const ModelConfig& c, int64_t rows, bool q4) {
 }
 }  // namespace
 
-void PagedRunner::Impl::load_weights(const Model& model) {
+void PagedRunner::Impl::load_weights(const Model& model, const TpPlan* tp) {
   const std::string dn = device_name(opt.device);
   if (opt.vram_budget == 0) {
-    w = upload_resident(model, dn.c_str());
+    w = upload_resident(model, dn.c_str(), {}, nullptr, tp);
     return;
   }
+  if (tp && tp->world > 1) fail(dn, ": tensor parallelism with layer streaming (vram_budget) is not supported");
   auto t = std::make_shared<Streamer>();
   t->device = opt.device;
   const uint64_t kv_bytes = 2 * pool.pool_bytes();

@@ -23,15 +23,9 @@ Weight row_slice(const Weight& w, int64_t r0, int64_t r1) {
 
 // Columns [c0, c1) of every row, copied into `store`.
 Weight col_slice(const Weight& w, int64_t c0, int64_t c1, std::vector<uint8_t>& store, const char* name, int64_t l) {
-  const int64_t blk = kernels::wtype_block_elems(w.type);
-  if (c0 % blk != 0 || c1 % blk != 0)
-    fail("tensor parallel: layer ", l, " ", name, " (", kernels::wtype_name(w.type), ", blocks of ", blk,
-         " columns) cannot be split at columns ", c0, "..", c1, ": use a world size that keeps the split at block boundaries");
-  const size_t row = size_t(kernels::wtype_row_bytes(w.type, w.cols));
-  const size_t off = size_t(kernels::wtype_row_bytes(w.type, c0)), len = size_t(kernels::wtype_row_bytes(w.type, c1 - c0));
-  store.resize(size_t(w.rows) * len);
-  const auto* src = static_cast<const uint8_t*>(w.data);
-  for (int64_t r = 0; r < w.rows; ++r) std::memcpy(&store[size_t(r) * len], src + size_t(r) * row + off, len);
+  const std::string what = "layer " + std::to_string(l) + " " + name;
+  store.resize(tp_slice_bytes(w.type, w.cols, 0, w.rows, c0, c1, what));
+  tp_copy_slice(w.data, w.type, w.cols, 0, w.rows, c0, c1, store.data(), what);
   Weight s = w;
   s.data = store.data();
   s.cols = c1 - c0;
@@ -45,12 +39,8 @@ std::vector<float> vec_slice(const std::vector<float>& v, int64_t a, int64_t b) 
 
 }  // namespace
 
-TpShard::~TpShard() = default;
-
-std::unique_ptr<TpShard> TpShard::create(const Model& m, int rank, int world) {
-  const ModelConfig& c = m.config();
-  const detail::ModelImpl& mi = *m.impl_;
-  const std::string mt = c.model_type;
+TpPlan tp_plan(const ModelConfig& c, int rank, int world) {
+  const std::string& mt = c.model_type;
   if (world < 1 || rank < 0 || rank >= world) fail("tensor parallel: rank ", rank, " of world ", world);
   if (mt != "llama" && mt != "mistral" && mt != "qwen2" && mt != "qwen3")
     fail("tensor parallel: model_type \"", mt, "\" is not supported (llama, mistral, qwen2, qwen3)");
@@ -59,18 +49,53 @@ std::unique_ptr<TpShard> TpShard::create(const Model& m, int rank, int world) {
          " ranks (both must be multiples of the world size)");
   if (c.intermediate_size < world)
     fail("tensor parallel: intermediate_size ", c.intermediate_size, " is smaller than the world size ", world);
+  TpPlan p;
+  p.rank = rank, p.world = world;
+  p.config = c;
+  const int64_t hd = c.head_dim, nh = c.n_heads / world, nkv = c.n_kv_heads / world;
+  p.i0 = c.intermediate_size * rank / world, p.i1 = c.intermediate_size * (rank + 1) / world;
+  p.config.n_heads = nh;
+  p.config.n_kv_heads = nkv;
+  p.config.intermediate_size = p.i1 - p.i0;
+  p.q0 = rank * nh * hd, p.q1 = p.q0 + nh * hd, p.k0 = rank * nkv * hd, p.k1 = p.k0 + nkv * hd;
+  p.o_bias = rank == 0;
+  return p;
+}
+
+size_t tp_slice_bytes(kernels::WType type, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                      const std::string& what) {
+  const int64_t blk = kernels::wtype_block_elems(type);
+  if (r0 < 0 || r1 < r0 || c0 < 0 || c1 < c0 || c1 > cols)
+    fail("tensor parallel: ", what, ": rows ", r0, "..", r1, " x columns ", c0, "..", c1, " of a ", cols, "-column matrix");
+  if (c0 % blk != 0 || c1 % blk != 0 || cols % blk != 0)
+    fail("tensor parallel: ", what, " (", kernels::wtype_name(type), ", blocks of ", blk,
+         " columns) cannot be split at columns ", c0, "..", c1, ": use a world size that keeps the split at block boundaries");
+  return size_t(r1 - r0) * size_t(kernels::wtype_row_bytes(type, c1 - c0));
+}
+
+void tp_copy_slice(const void* src, kernels::WType type, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                   void* dst, const std::string& what) {
+  tp_slice_bytes(type, cols, r0, r1, c0, c1, what);
+  const size_t row = size_t(kernels::wtype_row_bytes(type, cols));
+  const size_t off = size_t(kernels::wtype_row_bytes(type, c0)), len = size_t(kernels::wtype_row_bytes(type, c1 - c0));
+  const auto* s = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  for (int64_t r = r0; r < r1; ++r) std::memcpy(d + size_t(r - r0) * len, s + size_t(r) * row + off, len);
+}
+
+TpShard::~TpShard() = default;
+
+std::unique_ptr<TpShard> TpShard::create(const Model& m, int rank, int world) {
+  const ModelConfig& c = m.config();
+  const detail::ModelImpl& mi = *m.impl_;
+  const TpPlan plan = tp_plan(c, rank, world);
   if (mi.stream) fail("tensor parallel: the model is layer-streamed (LoadOptions::weight_budget); load it resident");
   std::unique_ptr<TpShard> t(new TpShard());
   t->model_ = &m;
   t->rank_ = rank;
   t->world_ = world;
-  t->cfg_ = c;
-  const int64_t hd = c.head_dim, nh = c.n_heads / world, nkv = c.n_kv_heads / world;
-  const int64_t i0 = c.intermediate_size * rank / world, i1 = c.intermediate_size * (rank + 1) / world;
-  t->cfg_.n_heads = nh;
-  t->cfg_.n_kv_heads = nkv;
-  t->cfg_.intermediate_size = i1 - i0;
-  const int64_t q0 = rank * nh * hd, q1 = q0 + nh * hd, k0 = rank * nkv * hd, k1 = k0 + nkv * hd;
+  t->cfg_ = plan.config;
+  const int64_t q0 = plan.q0, q1 = plan.q1, k0 = plan.k0, k1 = plan.k1, i0 = plan.i0, i1 = plan.i1;
   t->store_.resize(size_t(2 * c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const detail::LayerWeights& L = mi.layers[size_t(l)];
@@ -83,7 +108,7 @@ std::unique_ptr<TpShard> TpShard::create(const Model& m, int rank, int world) {
     S.q_bias = vec_slice(L.q_bias, q0, q1);
     S.k_bias = vec_slice(L.k_bias, k0, k1);
     S.v_bias = vec_slice(L.v_bias, k0, k1);
-    if (rank == 0) S.o_bias = L.o_bias;  // added once: the all-reduce sums every rank's output
+    if (plan.o_bias) S.o_bias = L.o_bias;  // added once: the all-reduce sums every rank's output
     S.wq = row_slice(L.wq, q0, q1);
     S.wk = row_slice(L.wk, k0, k1);
     S.wv = row_slice(L.wv, k0, k1);

@@ -154,3 +154,81 @@ TEST(TpForward, BadShardsAreClearErrors) {
   EXPECT_NE(error_of([&] { shard->forward(&t, 1, kv, lg, false, local); }).find("shard 1/2 run with communicator rank 0/1"),
             std::string::npos);
 }
+
+// The plan TpShard and the device runner's shards share (tp_plan): contiguous heads, the
+// uneven intermediate split, the o_proj bias on rank 0, and its errors; the slices' byte counts
+// and copies (tp_slice_bytes, tp_copy_slice), quantized blocks included.
+TEST(TpForward, PlanAndSlicesAreTheShardsRules) {
+  ModelConfig c;
+  c.model_type = "llama";
+  c.hidden_size = 64, c.n_heads = 8, c.n_kv_heads = 4, c.head_dim = 8, c.intermediate_size = 172, c.n_layers = 2;
+  const TpPlan whole = tp_plan(c, 0, 1);
+  EXPECT_EQ(whole.q1, 64);
+  EXPECT_EQ(whole.k1, 32);
+  EXPECT_EQ(whole.i1, 172);
+  EXPECT_TRUE(whole.o_bias);
+  EXPECT_EQ(whole.config.n_heads, 8);
+  const TpPlan r1 = tp_plan(c, 1, 2);
+  EXPECT_EQ(r1.rank, 1);
+  EXPECT_EQ(r1.world, 2);
+  EXPECT_EQ(r1.q0, 32);
+  EXPECT_EQ(r1.q1, 64);
+  EXPECT_EQ(r1.k0, 16);
+  EXPECT_EQ(r1.k1, 32);
+  EXPECT_EQ(r1.i0, 86);
+  EXPECT_EQ(r1.i1, 172);
+  EXPECT_FALSE(r1.o_bias);
+  EXPECT_EQ(r1.config.n_heads, 4);
+  EXPECT_EQ(r1.config.n_kv_heads, 2);
+  EXPECT_EQ(r1.config.intermediate_size, 86);
+  EXPECT_EQ(r1.config.hidden_size, 64);
+  EXPECT_TRUE(tp_plan(c, 0, 2).o_bias);
+  // World 4: one K/V head and its two query heads per rank; 172 = 43 x 4.
+  for (int r = 0; r < 4; ++r) {
+    const TpPlan p = tp_plan(c, r, 4);
+    EXPECT_EQ(p.q0, r * 16);
+    EXPECT_EQ(p.k0, r * 8);
+    EXPECT_EQ(p.k1 - p.k0, 8);
+    EXPECT_EQ(p.i0, 43 * r);
+    EXPECT_EQ(p.i1 - p.i0, 43);
+  }
+  c.intermediate_size = 173;  // uneven: 43, 43, 43, 44
+  EXPECT_EQ(tp_plan(c, 3, 4).i0, 129);
+  EXPECT_EQ(tp_plan(c, 3, 4).i1, 173);
+  EXPECT_EQ(tp_plan(c, 0, 4).i1, 43);
+  EXPECT_EQ(error_of([&] { tp_plan(c, 0, 3); }),
+            "tensor parallel: 8 attention heads and 4 K/V heads do not split over 3 ranks (both must be multiples of the "
+            "world size)");
+  EXPECT_EQ(error_of([&] { tp_plan(c, 2, 2); }), "tensor parallel: rank 2 of world 2");
+  EXPECT_EQ(error_of([&] { tp_plan(c, 0, 0); }), "tensor parallel: rank 0 of world 0");
+  ModelConfig g = c;
+  g.model_type = "gemma3";
+  EXPECT_EQ(error_of([&] { tp_plan(g, 0, 2); }),
+            "tensor parallel: model_type \"gemma3\" is not supported (llama, mistral, qwen2, qwen3)");
+  ModelConfig small = c;
+  small.intermediate_size = 3;
+  EXPECT_EQ(error_of([&] { tp_plan(small, 0, 4); }), "tensor parallel: intermediate_size 3 is smaller than the world size 4");
+
+  // F32 [3, 10]: rows 1..3, columns 2..5.
+  std::vector<float> m(30);
+  for (int i = 0; i < 30; ++i) m[size_t(i)] = float(i);
+  EXPECT_EQ(tp_slice_bytes(kernels::WType::F32, 10, 1, 3, 2, 5, "m"), size_t(2 * 3 * 4));
+  std::vector<float> out(6, -1);
+  tp_copy_slice(m.data(), kernels::WType::F32, 10, 1, 3, 2, 5, out.data(), "m");
+  EXPECT_EQ(out, (std::vector<float>{12, 13, 14, 22, 23, 24}));
+  // BF16 (2 bytes): any column; Q4_Z128 (68 bytes per 128 columns): only at multiples of 128.
+  EXPECT_EQ(tp_slice_bytes(kernels::WType::BF16, 10, 0, 4, 3, 4, "b"), size_t(4 * 2));
+  EXPECT_EQ(tp_slice_bytes(kernels::WType::Q4_Z128, 256, 0, 5, 128, 256, "q"), size_t(5 * 68));
+  EXPECT_EQ(tp_slice_bytes(kernels::WType::Q4_Z, 256, 2, 5, 0, 96, "q"), size_t(3 * 3 * 20));
+  std::vector<uint8_t> q(size_t(3 * 2 * 68));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = uint8_t(i * 7 + 1);
+  std::vector<uint8_t> qo(size_t(3 * 68));
+  tp_copy_slice(q.data(), kernels::WType::Q4_Z128, 256, 0, 3, 128, 256, qo.data(), "q");
+  for (int r = 0; r < 3; ++r)
+    EXPECT_TRUE(std::equal(qo.begin() + r * 68, qo.begin() + (r + 1) * 68, q.begin() + r * 136 + 68)) << r;
+  EXPECT_EQ(error_of([&] { tp_slice_bytes(kernels::WType::Q4_Z128, 256, 0, 5, 0, 64, "layer 0 down_proj"); }),
+            "tensor parallel: layer 0 down_proj (Q4_Z128, blocks of 128 columns) cannot be split at columns 0..64: use a "
+            "world size that keeps the split at block boundaries");
+  EXPECT_NE(error_of([&] { tp_slice_bytes(kernels::WType::F32, 10, 0, 1, 4, 11, "m"); }).find("columns 4..11 of a 10-column"),
+            std::string::npos);
+}
