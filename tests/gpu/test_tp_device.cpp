@@ -68,6 +68,15 @@ struct Result {
 // One run: the CPU forward (world 1), or `world` device runners over the run's shared-memory
 // comm (Kind::Device; world 1: Comm::local(), the plain runner) or over NCCL, rank r on device r
 // (Kind::DeviceNccl; the unique id travels over the shared-memory comm).
+// The model as a device runner loads it: unpacked host weights (the device never reads the
+// host's packed views; the shards are sliced from the file layout) and no prefault.
+std::unique_ptr<Model> load_for_device(const std::string& dir) {
+  LoadOptions lo;
+  lo.pack_weights = false;
+  lo.prefault = false;
+  return Model::load(dir, lo);
+}
+
 Result run(const std::string& dir, Kind kind, int world, const std::vector<int32_t>& prompt) {
   const ModelConfig cfg = ModelConfig::from_dir(dir);
   const int64_t n = int64_t(prompt.size()), V = cfg.vocab_size;
@@ -86,10 +95,7 @@ Result run(const std::string& dir, Kind kind, int world, const std::vector<int32
       m = Model::load(dir);
       kv = std::make_unique<KvCache>(m->config(), n + kGen + 1);
     } else {
-      LoadOptions lo;
-      lo.pack_weights = false;  // the device never reads the host's weight views
-      lo.prefault = false;
-      m = Model::load(dir, lo);
+      m = load_for_device(dir);
       int device = 0;
       if (kind == Kind::DeviceNccl) {
         // Rank 0's ncclUniqueId (128 bytes) to every rank: all_gather copies the bytes as they are.
@@ -245,10 +251,7 @@ TEST(TpDevice, ErrorsAreClearBeforeAnyDeviceWork) {
     return error_of([&] {
       dist::run_ranks(1, [&](dist::Comm&) {
         auto g = dist::ShmGroup::create(world);
-        LoadOptions lo;
-        lo.pack_weights = false;
-        lo.prefault = false;
-        auto m = Model::load(dir, lo);
+        auto m = load_for_device(dir);
         const ModelConfig& c = m->config();
         gpu::PagedRunnerOptions o;
         o.comm = g->comm(rank);
@@ -419,10 +422,7 @@ TEST(TpDevice, ForwardBlendUnderTpIsAnError) {
   const std::string dir = write_fixture("tp_device_blend", s);
   const std::string e = error_of([&] {
     dist::run_ranks(2, [&](dist::Comm& c) {
-      LoadOptions lo;
-      lo.pack_weights = false;
-      lo.prefault = false;
-      auto m = Model::load(dir, lo);
+      auto m = load_for_device(dir);
       const ModelConfig& cfg = m->config();
       gpu::PagedRunnerOptions o;
       o.comm = c;
