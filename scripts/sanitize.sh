@@ -30,10 +30,14 @@ echo "[sanitize] built in $((SECONDS - start)) s"
 # tokenizer_diff, the *Oracle gtests that read what those generate, scripts.* and docs.*, which run
 # the demo, the plot script and the doc-flag check over the CLI) and python.* (the extension
 # module would need the ASan runtime preloaded into Python): ctest -N lists exactly these.
+# PrefillSplit.* (test_runtime) is forward-pass numerics like test_model's: a dozen 1,200-token
+# Gemma 3 prefills compared bit for bit, 53 s in the release build and past ctest's 600 s timeout
+# under ASan (CI of 066e620); the release stage runs it, and the engine's forward pass stays under
+# ASan through the rest of test_runtime (GuardTokens.*Gemma included) and the server tests.
 export ASAN_OPTIONS="detect_leaks=${KVBOOST_DETECT_LEAKS:-0}:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export KVBOOST_REQUIRE_REDIS="${KVBOOST_REQUIRE_REDIS:-1}"  # the remote-tier tests start a real redis-server
 export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp"
 ctest --test-dir "$san_build_dir" -j"$san_jobs" --output-on-failure --timeout 600 \
-  -E '_NOT_BUILT|openai_client|oracle|Oracle|^cli\.|^server\.|^python\.|^hf_compare\.|_fixture\.|tokenizer_diff|^scripts\.|^docs\.' "$@"
+  -E '_NOT_BUILT|openai_client|oracle|Oracle|^cli\.|^server\.|^python\.|^hf_compare\.|_fixture\.|tokenizer_diff|^scripts\.|^docs\.|^PrefillSplit\.' "$@"
 echo "[sanitize] done in $((SECONDS - start)) s"
