@@ -14,6 +14,9 @@ std::string shared_path(const std::string& rel) {
   return base + "/" + rel;
 }
 
+std::string source_dir() { return KVBOOST_SOURCE_DIR; }
+std::string binary_dir() { return KVBOOST_BINARY_DIR; }
+
 std::string model_path(const std::string& rel) {
   const char* env = std::getenv("KVBOOST_MODELS_DIR");
   std::string base = env && *env ? env : std::string(KVBOOST_SOURCE_DIR) + "/models";

@@ -10,6 +10,9 @@ namespace kvboost::test {
 
 // ../shared (or $KVBOOST_SHARED_DIR) + "/" + rel.
 std::string shared_path(const std::string& rel);
+// The source tree and the build tree this test was configured from.
+std::string source_dir();
+std::string binary_dir();
 // The models committed to the repository: models/ of the source tree (or $KVBOOST_MODELS_DIR)
 // + "/" + rel, e.g. model_path("stories260K").
 std::string model_path(const std::string& rel);

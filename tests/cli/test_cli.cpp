@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cli_paths.h"
 #include "kvboost/kernels.h"
 #include "test_util.h"
 
@@ -24,7 +25,7 @@ Proc run(const std::string& args, const std::string& stdin_data = "") {
                                                        std::to_string(counter++));
   const std::string in = dir + "/in", out = dir + "/out", err = dir + "/err";
   { std::ofstream(in, std::ios::binary) << stdin_data; }
-  const std::string cmd = std::string(KVBOOST_CLI) + " " + args + " <" + in + " >" + out + " 2>" + err;
+  const std::string cmd = kvboost::test::cli_binary() + " " + args + " <" + in + " >" + out + " 2>" + err;
   int st = std::system(cmd.c_str());
   Proc r;
   r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -208,7 +209,7 @@ TEST(Cli, FixtureToolWritesEveryArchitecture) {
   const std::string dir = kvboost::test::make_temp_dir("cli_fixture");
   for (const char* arch : {"llama", "mistral", "qwen2", "qwen3"}) {
     const std::string out = dir + "/" + arch;
-    std::string cmd = std::string(KVBOOST_FIXTURE_TOOL) + " --arch " + arch + " --dtype bf16 --out " + out +
+    std::string cmd = kvboost::test::fixture_tool() + " --arch " + arch + " --dtype bf16 --out " + out +
                       " --tokenizer-kind sentencepiece > /dev/null";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << arch;
     Proc r = run("generate --model " + out + " -p 'abc' -n 4 --ignore-eos");
@@ -223,14 +224,14 @@ TEST(Cli, GgufFileRunsWithTheTokenizerInsideIt) {
   // SentencePiece model, "llama" tokenizer) and a generated Qwen2 model ("gpt2", pre "qwen2").
   KVBOOST_REQUIRE_PATH(stories());
   const std::string dir = kvboost::test::make_temp_dir("cli_gguf_tok");
-  ASSERT_EQ(std::system((std::string(KVBOOST_FIXTURE_TOOL) + " --arch qwen2 --dtype f32 --out " + dir + "/qsrc > /dev/null").c_str()), 0);
+  ASSERT_EQ(std::system((kvboost::test::fixture_tool() + " --arch qwen2 --dtype f32 --out " + dir + "/qsrc > /dev/null").c_str()), 0);
   struct Case { std::string src, gguf, args; };
   const std::vector<Case> cases = {
       {stories(), dir + "/s/stories.gguf", " -p 'Once upon a time' -n 24 -q"},
       {dir + "/qsrc", dir + "/q/model.gguf", " -p 'hello world' -n 12 --ignore-eos -q"}};
   for (const Case& c : cases) {
     std::filesystem::create_directories(std::filesystem::path(c.gguf).parent_path());
-    const std::string conv = std::string(KVBOOST_PYTHON_BIN) + " " + KVBOOST_SOURCE_DIR +
+    const std::string conv = kvboost::test::python_bin() + " " + kvboost::test::source_dir() +
                              "/tools/oracle/gguf_fixture.py model --tokenizer --src " + c.src + " --out " + c.gguf +
                              " --type f32 > /dev/null 2>&1";
     const int st = std::system(conv.c_str());
@@ -251,9 +252,9 @@ TEST(Cli, GgufFileRunsWithTheTokenizerInsideIt) {
 TEST(Cli, GgufFileRunsWithTokenizerBesideIt) {
   // a GGUF holding the same f32 weights as a safetensors fixture generates the same text
   const std::string dir = kvboost::test::make_temp_dir("cli_gguf");
-  ASSERT_EQ(std::system((std::string(KVBOOST_FIXTURE_TOOL) + " --arch llama --dtype f32 --out " + dir + "/src > /dev/null").c_str()), 0);
+  ASSERT_EQ(std::system((kvboost::test::fixture_tool() + " --arch llama --dtype f32 --out " + dir + "/src > /dev/null").c_str()), 0);
   std::filesystem::create_directories(dir + "/g");
-  const std::string conv = std::string(KVBOOST_PYTHON_BIN) + " " + KVBOOST_SOURCE_DIR +
+  const std::string conv = kvboost::test::python_bin() + " " + kvboost::test::source_dir() +
                            "/tools/oracle/gguf_fixture.py model --src " + dir + "/src --out " + dir +
                            "/g/model.gguf --type f32 > /dev/null 2>&1";
   const int st = std::system(conv.c_str());
@@ -304,7 +305,7 @@ TEST(Cli, BenchReuseReadsACorpus) {
   // The guard: off, the run estimates what each threshold would do; at 1000 logits every
   // approximate prompt is recomputed and agrees with the full prefill. Real prose shipped in the
   // repository (tests/data/corpus, public domain), so this half always runs.
-  const std::string gpl = KVBOOST_TEST_CORPUS;
+  const std::string gpl = kvboost::test::test_corpus();
   ASSERT_TRUE(std::ifstream(gpl).good()) << "missing " << gpl;
   {
     const std::string rag = "bench reuse --model " + stories() + " --scenarios rag --runs 4 --docs 3 --pool 5 " +

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_paths.h"
 #include "test_util.h"
 
 namespace {
@@ -24,7 +25,7 @@ Proc run(const std::string& args, const std::string& stdin_data = "") {
                                                        std::to_string(counter++));
   const std::string in = dir + "/in", out = dir + "/out", err = dir + "/err";
   { std::ofstream(in, std::ios::binary) << stdin_data; }
-  const std::string cmd = std::string(KVBOOST_CLI) + " " + args + " <" + in + " >" + out + " 2>" + err;
+  const std::string cmd = kvboost::test::cli_binary() + " " + args + " <" + in + " >" + out + " 2>" + err;
   const int st = std::system(cmd.c_str());
   Proc r;
   r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;

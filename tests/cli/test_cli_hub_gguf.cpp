@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_paths.h"
 #include "gguf_builder.h"
 #include "test_util.h"
 
@@ -17,7 +18,7 @@ namespace {
 std::string run_cli(const std::string& args, int* rc) {
   const std::string dir = kvboost::test::make_temp_dir("cli_hub_gguf_run_" + std::to_string(getpid()));
   const std::string out = dir + "/out";
-  const int st = std::system((std::string(KVBOOST_CLI) + " " + args + " >" + out + " 2>&1").c_str());
+  const int st = std::system((kvboost::test::cli_binary() + " " + args + " >" + out + " 2>&1").c_str());
   *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   std::ifstream f(out, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());

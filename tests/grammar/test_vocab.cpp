@@ -27,8 +27,8 @@ void check_joins(const std::string& dir, bool sentencepiece) {
 }
 }  // namespace
 
-TEST(TokenVocab, Stories260KBytesJoinToText) { check_joins(std::string(KVBOOST_SHARED_DIR) + "/models/stories260K", true); }
-TEST(TokenVocab, Qwen25BytesJoinToText) { check_joins(std::string(KVBOOST_SHARED_DIR) + "/tokenizers/qwen2.5", false); }
+TEST(TokenVocab, Stories260KBytesJoinToText) { check_joins(kvboost::test::shared_path("models/stories260K"), true); }
+TEST(TokenVocab, Qwen25BytesJoinToText) { check_joins(kvboost::test::shared_path("tokenizers/qwen2.5"), false); }
 
 TEST(TokenVocab, TrieHoldsEveryNonEmptyToken) {
   const grammar::TokenVocab v({"ab", "a", "", "abc", "b", "ab"});

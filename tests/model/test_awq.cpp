@@ -455,7 +455,7 @@ TEST(AwqLoader, Group128LoadsAsQ4Z128) {
 namespace {
 std::string oracle_dir() {
   const char* e = std::getenv("KVBOOST_AWQ_FIXTURE_DIR");
-  return e && *e ? e : std::string(KVBOOST_BINARY_DIR) + "/tests/oracle/awq_fixtures";
+  return e && *e ? e : kvboost::test::binary_dir() + "/tests/oracle/awq_fixtures";
 }
 }  // namespace
 

@@ -47,7 +47,7 @@ std::vector<uint8_t> sample_file() {
 
 std::string fixture_dir() {
   const char* e = std::getenv("KVBOOST_GGUF_FIXTURE_DIR");
-  return e && *e ? e : std::string(KVBOOST_BINARY_DIR) + "/tests/oracle/gguf_fixtures";
+  return e && *e ? e : kvboost::test::binary_dir() + "/tests/oracle/gguf_fixtures";
 }
 
 }  // namespace

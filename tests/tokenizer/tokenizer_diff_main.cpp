@@ -20,7 +20,7 @@ namespace {
 
 std::string oracle_path() {
   const char* env = std::getenv("KVBOOST_TOKENIZER_ORACLE_JSON");
-  return env && *env ? env : std::string(KVBOOST_BINARY_DIR) + "/tests/oracle/tokenizer_oracle/tokenizer_oracle.json";
+  return env && *env ? env : kvboost::test::binary_dir() + "/tests/oracle/tokenizer_oracle/tokenizer_oracle.json";
 }
 
 std::string escaped(const std::string& s) {
