@@ -42,7 +42,7 @@ bool path_exists(const std::string& path) {
 std::string make_temp_dir(const std::string& name) {
   namespace fs = std::filesystem;
   // ctest runs every test case as its own process, in parallel: the pid keeps their files apart.
-  fs::path p = fs::path(KVBOOST_BINARY_DIR) / "test_tmp" / (name + "." + std::to_string(::getpid()));
+  fs::path p = fs::path(binary_dir()) / "test_tmp" / (name + "." + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();

@@ -15,7 +15,7 @@ using nlohmann::ordered_json;
 
 const ordered_json& golden() {
   static const ordered_json doc =
-      ordered_json::parse(kvboost::read_file(std::string(KVBOOST_CHAT_DATA_DIR) + "/golden.json"));
+      ordered_json::parse(kvboost::read_file(kvboost::test::source_dir() + "/tests/chat/data/golden.json"));
   return doc;
 }
 
@@ -73,7 +73,7 @@ void check_template_source(const ordered_json& t, const std::string& source) {
 
 void check_own(const std::string& name) {
   const auto& t = find_template(name);
-  check_template_source(t, kvboost::read_file(std::string(KVBOOST_CHAT_DATA_DIR) + "/" + t["file"].get<std::string>()));
+  check_template_source(t, kvboost::read_file(kvboost::test::source_dir() + "/tests/chat/data/" + t["file"].get<std::string>()));
 }
 
 // A tokenizer_config.json from ../shared, through apply_chat_template (its special tokens).

@@ -33,8 +33,8 @@ using json = nlohmann::json;
 
 namespace {
 
-const char* const kOracle = KVBOOST_MODEL_TEST_DATA "/gemma3_llamacpp.json";
-const char* const kHfOracle = KVBOOST_MODEL_TEST_DATA "/gemma3_hf.json";
+const std::string kOracle = kvboost::test::source_dir() + "/tests/model/data/gemma3_llamacpp.json";
+const std::string kHfOracle = kvboost::test::source_dir() + "/tests/model/data/gemma3_hf.json";
 
 #define REQUIRE_GEMMA3(path)                                                            \
   do {                                                                                  \
@@ -77,7 +77,7 @@ std::string gemma3_hf_dir() {
   return std::string(home ? home : "") + "/.cache/kvboost/gemma3-270m-dequant-f32";
 }
 
-json read_json(const char* path) {
+json read_json(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
   ss << in.rdbuf();

@@ -11,6 +11,7 @@
 #include "kvboost/grammar.h"
 #include "kvboost/tokenizer.h"
 #include "test_util.h"
+#include "test_util.h"
 #include "tool_call_checks.h"
 
 using namespace kvboost;
@@ -65,7 +66,7 @@ const Real kReal[] = {
 };
 
 std::string config_of(const Real& r) {
-  return with_chat_template(r.specials, read_file(std::string(KVBOOST_REAL_TEMPLATES) + "/" + r.file));
+  return with_chat_template(r.specials, read_file(kvboost::test::source_dir() + "/tests/chat/data/real/" + r.file));
 }
 
 ojson user(const std::string& text) { return ojson{{"role", "user"}, {"content", text}}; }
