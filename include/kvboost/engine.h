@@ -158,6 +158,16 @@ struct SpecOptions {
 struct EngineOptions {
   LoadOptions load;
   SpecOptions spec;
+  // Tensor parallelism (docs/gpu.md "Tensor parallelism under the engine"): tp ranks, each
+  // holding its shard of the model (its attention heads and K/V heads, its slice of the MLP;
+  // Megatron's split, TpShard) and the K/V of its heads, joined by all-reduces after the O and
+  // down projections. On the CPU the ranks are threads of this process over shared-memory
+  // collectives (the weights are then not packed); with a CUDA device, rank r runs on device
+  // load.device.index + r over NCCL. The scheduler, prefix cache, chunk reuse (chunks are stored
+  // whole) and batching are unchanged. 1: off. Errors: heads that do not split over tp, an
+  // architecture other than llama / mistral / qwen2 / qwen3, and tp with layer streaming
+  // (weight_budget, vram_budget) or a cold tier (cold_dir).
+  int tp = 1;
   // Paged KV memory: blocks of block_size tokens, as many as fit in kv_budget_bytes (K and V,
   // all layers, f32). 0 = enough for the model's whole context, capped at 2 GiB. Memory is
   // reserved, not committed: untouched blocks cost nothing.

@@ -307,8 +307,9 @@ struct PagedRunnerOptions {
   // host memory (device -> host, the shared-memory sum, host -> device) when it is Shm, so that
   // several ranks may share one GPU. Every rank makes the same calls with the same arguments
   // (same tokens, tables, rows); every rank gets the whole logits. write_rows / read_rows /
-  // snapshot_rows / block_pieces then move the rank's K/V heads only. Not with vram_budget nor
-  // forward_blend (Errors).
+  // snapshot_rows / block_pieces then move the rank's K/V heads only; forward_blend all-reduces
+  // the rows' deviation sums over the ranks' heads, so every rank keeps the same rows. Not with
+  // vram_budget (Error).
   dist::Comm comm = dist::Comm::local();
 };
 

@@ -206,6 +206,12 @@ class BlendSchedule {
   // fresh vectors' size, K and V each: |k - ck|^2 / |k|^2 + |v - cv|^2 / |v|^2 (in double).
   // The host reference of the device kernel cuda::kv_deviation.
   static float deviation(const float* k, const float* v, const float* ck, const float* cv, int64_t width);
+  // deviation() in two steps, for tensor parallelism, where each rank holds some K/V heads of a
+  // row: the four sums over [width] (out: |k - ck|^2, |v - cv|^2, |k|^2, |v|^2, in double) are
+  // summed over the ranks first, then combined. deviation() == deviation_of_sums(the sums).
+  static void deviation_sums(const float* k, const float* v, const float* ck, const float* cv, int64_t width,
+                             double out[4]);
+  static float deviation_of_sums(const double s[4]);
 
  private:
   std::vector<uint8_t> cand_;
@@ -398,6 +404,18 @@ class TpShard {
   // As Model::forward (tokens at kv.size() ..; logits [n, vocab] or [vocab]) on every rank at
   // once; comm.world() must equal world() and comm.rank() rank().
   void forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logits, bool all_logits, dist::Comm& comm) const;
+  // As Model::forward_batch over the rank's paged K/V (each view's pools of this shard's
+  // config), on every rank at once with the same sequences, tokens and block tables; logits of
+  // the sequences that ask for them (a rank that needs none may pass logits = nullptr). K/V in
+  // a cold tier (an active pager): Error.
+  void forward_batch(const SeqBatch* seqs, int64_t n_seqs, dist::Comm& comm) const;
+  // As Model::forward_blend over the rank's K/V (kv: a view of this shard's config, the cached
+  // K/V of the reused tokens in their slots), on every rank at once. The deviation of a row is
+  // measured over every K/V head: each rank's partial sums over its heads are all-reduced before
+  // the selection (BlendSchedule::deviation_sums), so all ranks keep the same rows, the rows
+  // TP = 1 keeps up to float reassociation. Logits [vocab] of the last token on every rank.
+  BlendStats forward_blend(const int32_t* tokens, int64_t n, const KvView& kv, const BlendOptions& opt, float* logits,
+                           dist::Comm& comm) const;
 
  private:
   TpShard() = default;

@@ -229,7 +229,7 @@ class KVBoost:
                         chunk_store: Optional[str] = None, threads: Optional[int] = None,
                         weight_budget: Union[int, str, None] = None, kv_budget: Union[int, str, None] = None,
                         max_batch: int = 16, head_quant: str = "auto", revision: Optional[str] = None, device: str = "cpu",
-                        vram_budget: Union[int, str, None] = None, download: Optional[bool] = None,
+                        vram_budget: Union[int, str, None] = None, download: Optional[bool] = None, tp: int = 1,
                         **engine_options: Any) -> "KVBoost":
         """Loads ``model``: a model directory (config.json, *.safetensors, tokenizer.json), a .gguf
         file, or a Hugging Face id ``ORG/NAME[@REVISION][:FILE.gguf]`` (see :func:`resolve_model`).
@@ -247,13 +247,17 @@ class KVBoost:
         device; InvalidRequestError for a bad value, EngineError naming the device when it is not
         usable, docs/gpu.md). vram_budget: with a CUDA device, device bytes for weights, K/V pools
         and scratch (e.g. "6GiB"); layers beyond it stream from pinned host memory through two
-        device slots (InvalidRequestError on the CPU). Other keyword options go to EngineOptions (block_size,
+        device slots (InvalidRequestError on the CPU). tp: tensor parallelism over this many ranks
+        (default 1: off; each rank holds its share of the heads and the MLP; with device "cuda:N"
+        rank r runs on cuda:N+r; docs/gpu.md). Other keyword options go to EngineOptions (block_size,
         prefill_chunk, chunk_window, cold_dir, chunk_disk_bytes)."""
         if recompute_strategy not in _STRATEGIES:
             raise InvalidRequestError(f'recompute_strategy = "{recompute_strategy}" must be one of '
                                       + ", ".join(_STRATEGIES))
         if kv_cache_bits not in _KV_BITS:
             raise InvalidRequestError(f"kv_cache_bits = {kv_cache_bits} must be 32, 8 or 4")
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise InvalidRequestError(f"tp = {tp!r} must be an integer >= 1")
         if threads is not None:
             if threads < 1:
                 raise InvalidRequestError(f"threads = {threads} must be >= 1")
@@ -264,7 +268,7 @@ class KVBoost:
                                     chunk_store=chunk_store, weight_budget=_bytes(weight_budget, "weight_budget"),
                                     kv_budget_bytes=_bytes(kv_budget, "kv_budget"), max_batch=max_batch,
                                     head_quant=head_quant, device=device,
-                                    vram_budget=_bytes(vram_budget, "vram_budget"))
+                                    vram_budget=_bytes(vram_budget, "vram_budget"), tp=tp)
         known = {"block_size", "prefill_chunk", "chunk_window", "cold_dir", "chunk_disk_bytes"}
         for k, v in engine_options.items():
             if k not in known:

@@ -222,6 +222,7 @@ std::shared_ptr<PyEngine> load(const std::string& path, const py::dict& k) {
     if (has("weight_budget")) eo.load.weight_budget = k["weight_budget"].cast<uint64_t>();
     if (has("device")) eo.load.device = kernels::parse_device(k["device"].cast<std::string>(), "device");
     if (has("vram_budget")) eo.load.vram_budget = k["vram_budget"].cast<uint64_t>();
+    if (has("tp")) eo.tp = k["tp"].cast<int>();
     if (eo.load.vram_budget > 0 && eo.load.device.is_cpu())
       fail("vram_budget = ", eo.load.vram_budget, " is for a CUDA device (device=\"cuda\"); on the CPU, layers "
            "stream from disk under weight_budget");

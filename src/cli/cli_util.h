@@ -36,6 +36,9 @@ inline constexpr const char* kVramBudgetHelp =
 kernels::Device parse_device_flag(const std::string& s);
 inline constexpr const char* kDeviceHelp =
     "Where the model runs: cpu (default), cuda (= cuda:0) or cuda:N; CUDA needs a -DKVBOOST_CUDA=ON build (docs/gpu.md)";
+inline constexpr const char* kTpHelp =
+    "Tensor parallelism over this many ranks (default 1: off): each holds its share of the attention heads, K/V "
+    "heads and MLP, joined by all-reduces; with --device cuda:N, rank r runs on cuda:N+r over NCCL (docs/gpu.md)";
 inline constexpr const char* kHeadQuantHelp =
     "Quantize the output projection (lm_head / tied embeddings as head) at load: auto (q8_0 for AWQ "
     "checkpoints, else none), none, q8_0, q6_k, q4_0; a head already quantized (GGUF) is kept";

@@ -229,6 +229,7 @@ struct ModelArgs {
   std::string vram_budget = "0";
   std::string head_quant = "auto";
   std::string device = "cpu";
+  int tp = 1;
   bool no_pack = false;
   std::string spec = "off";  // decode as llama-bench's tg does: one token per forward pass
 };
@@ -297,6 +298,7 @@ void run_model(const ModelArgs& a) {
   eo.load.pack_weights = !a.no_pack;
   eo.load.device = device;
   eo.load.vram_budget = vram_budget;
+  eo.tp = a.tp;
   // The engine speculates greedy decodes by default (prompt lookup); a benchmark's repetitive
   // output from random ids (or random weights) is then accepted in long runs, so tg would count
   // several tokens per pass. Off unless --spec asks for it.
@@ -511,6 +513,7 @@ CLI::App* add_bench(CLI::App& app) {
   model->add_option("--head-quant", ma->head_quant, kHeadQuantHelp)->capture_default_str();
   model->add_option("--device", ma->device, kDeviceHelp)->capture_default_str();
   model->add_option("--vram-budget", ma->vram_budget, kVramBudgetHelp);
+  model->add_option("--tp", ma->tp, kTpHelp)->capture_default_str();
   model->add_flag("--no-pack", ma->no_pack, "Keep the matrices in the stored layout (LoadOptions::pack_weights off)");
   model->add_option("--spec", ma->spec,
                     "Speculative decoding in the decode rows: off (one token per pass, as llama-bench's tg), lookup, draft")

@@ -23,6 +23,7 @@ struct GenerateArgs {
   std::string vram_budget = "0";
   std::string head_quant = "auto";
   std::string device = "cpu";
+  int tp = 1;
   bool no_prefix_cache = false, stats = false;
   std::string cache_namespace;
   int repeat = 1;
@@ -68,6 +69,7 @@ void run_generate(GenerateArgs a) {
   eopt.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   eopt.load.device = device;
   eopt.load.vram_budget = vram_budget;
+  eopt.tp = a.tp;
   a.chunks.apply(eopt);
   a.spec.apply(eopt);
   auto engine = load_engine(dir, a.quiet, eopt);
@@ -169,6 +171,7 @@ void add_generate(CLI::App& app) {
   c->add_option("--head-quant", a->head_quant, kHeadQuantHelp)->capture_default_str();
   c->add_option("--device", a->device, kDeviceHelp)->capture_default_str();
   c->add_option("--vram-budget", a->vram_budget, kVramBudgetHelp);
+  c->add_option("--tp", a->tp, kTpHelp)->capture_default_str();
   c->add_flag("--no-prefix-cache", a->no_prefix_cache, "Do not reuse cached K/V of earlier requests");
   c->add_option("--cache-namespace", a->cache_namespace, "Tenant: K/V cached under one namespace is never reused by another");
   c->add_option("--repeat", a->repeat, "Run the same request this many times (later runs hit the prefix cache)")->capture_default_str()->check(CLI::PositiveNumber);

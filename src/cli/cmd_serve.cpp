@@ -30,6 +30,7 @@ struct ServeArgs {
   std::string vram_budget = "0";
   std::string head_quant = "auto";
   std::string device = "cpu";
+  int tp = 1;
   ChunkArgs chunks;
   SpecArgs spec;
   bool quiet = false, log_requests = false, metrics_no_auth = false;
@@ -88,6 +89,7 @@ void run_serve(const ServeArgs& a) {
   eopt.load.head_quant = parse_head_quant(a.head_quant, "--head-quant");
   eopt.load.device = device;
   eopt.load.vram_budget = vram_budget;
+  eopt.tp = a.tp;
   a.chunks.apply(eopt);
   eopt.chunk_store.max_pinned_per_owner =
       a.max_pinned_per_tenant == "0" ? 0 : parse_bytes(a.max_pinned_per_tenant, "--max-pinned-per-tenant");
@@ -188,6 +190,7 @@ void add_serve(CLI::App& app) {
   c->add_option("--head-quant", a->head_quant, kHeadQuantHelp)->capture_default_str();
   c->add_option("--device", a->device, kDeviceHelp)->capture_default_str();
   c->add_option("--vram-budget", a->vram_budget, kVramBudgetHelp);
+  c->add_option("--tp", a->tp, kTpHelp)->capture_default_str();
   a->chunks.add(c);
   a->spec.add(c);
   c->add_flag("--log-requests", a->log_requests, "One line per request on stderr");

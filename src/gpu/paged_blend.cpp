@@ -5,7 +5,8 @@
 // (cuda::kv_deviation), the deviations come back to the host, where the same BlendSchedule as the
 // CPU's selects the rows kept; the fresh K/V of every current row are stored, the kept rows'
 // residuals gathered, and the pass goes on over a re-planned set of rows (plan_pass with their
-// scattered positions: one attention run per contiguous span).
+// scattered positions: one attention run per contiguous span). Under tensor parallelism the
+// rows' deviation sums over each rank's K/V heads are all-reduced before the selection.
 #include <numeric>
 
 #include "paged_runner_impl.h"
@@ -46,11 +47,28 @@ BlendStats PagedRunner::Impl::forward_blend(const int32_t* tokens, int64_t n, in
       float* vp = v_pool.as<float>() + pool.offset(l, 0);
       // Fresh K/V of every current row, measured against what the slots hold (the cache).
       project_kv(nr, l, ptrs_for(l), g.cos, g.sin);
-      reserve(dev_d, size_t(nr) * 4), reserve(dev_h, size_t(nr) * 4);
-      cuda::kv_deviation(k.as<float>(), v.as<float>(), g.slots, kp, vp, dev_d.as<float>(), nr, nkv, s);
-      check(cudaMemcpyAsync(dev_h.p, dev_d.p, size_t(nr) * 4, cudaMemcpyDeviceToHost, s), "download deviations");
-      check(cudaStreamSynchronize(s), "CacheBlend measure");
-      dev.assign(dev_h.as<float>(), dev_h.as<float>() + nr);
+      if (comm.world() == 1) {
+        reserve(dev_d, size_t(nr) * 4), reserve(dev_h, size_t(nr) * 4);
+        cuda::kv_deviation(k.as<float>(), v.as<float>(), g.slots, kp, vp, dev_d.as<float>(), nr, nkv, s);
+        check(cudaMemcpyAsync(dev_h.p, dev_d.p, size_t(nr) * 4, cudaMemcpyDeviceToHost, s), "download deviations");
+        check(cudaStreamSynchronize(s), "CacheBlend measure");
+        dev.assign(dev_h.as<float>(), dev_h.as<float>() + nr);
+      } else {
+        // Tensor parallelism: this rank's sums over its K/V heads, summed over the ranks (every
+        // rank the same bits), then combined: all ranks keep the same rows, those TP = 1 keeps
+        // up to float reassociation (TpShard::forward_blend does the same on the CPU).
+        reserve(dev_d, size_t(nr) * 16), reserve(dev_h, size_t(nr) * 16);
+        cuda::kv_deviation_sums(k.as<float>(), v.as<float>(), g.slots, kp, vp, dev_d.as<float>(), nr, nkv, s);
+        all_reduce(dev_d.as<float>(), nr * 4);
+        check(cudaMemcpyAsync(dev_h.p, dev_d.p, size_t(nr) * 16, cudaMemcpyDeviceToHost, s), "download deviation sums");
+        check(cudaStreamSynchronize(s), "CacheBlend measure");
+        const float* sums = dev_h.as<float>();
+        dev.assign(size_t(nr), 0.0f);
+        for (int64_t r = 0; r < nr; ++r) {
+          const double d[4] = {sums[r * 4], sums[r * 4 + 1], sums[r * 4 + 2], sums[r * 4 + 3]};
+          dev[size_t(r)] = BlendSchedule::deviation_of_sums(d);
+        }
+      }
       // Stored for every current row: a row dropped here keeps its fresh K/V of this layer, as
       // on the CPU. (Queued before the next upload into the staging buffer its slots are in.)
       cuda::kv_write_slots(k.as<float>(), v.as<float>(), g.slots, kp, vp, nr, nkv, s);
@@ -85,9 +103,6 @@ BlendStats PagedRunner::Impl::forward_blend(const int32_t* tokens, int64_t n, in
 
 BlendStats PagedRunner::forward_blend(const int32_t* tokens, int64_t n, int64_t n_past,
                                       std::span<const kv::BlockId> table, const BlendOptions& opt, float* logits) {
-  if (impl_->comm.world() > 1)
-    fail(device_name(impl_->opt.device), ": CacheBlend (forward_blend) under tensor parallelism is not supported (the "
-         "ranks would select rows from their own heads' deviations)");
   impl_->use();
   return impl_->forward_blend(tokens, n, n_past, table, opt, logits);
 }

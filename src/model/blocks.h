@@ -126,6 +126,16 @@ void run_layer(const detail::ModelImpl& m, const ModelConfig& c, int64_t l, cons
 // A layer's matrices with data in the streamer's slot (shapes and types as bound at load).
 const Weight* bind_streamed(const detail::LayerWeights& L, const std::vector<const uint8_t*>& p, Weight* out);
 
+// The pass over a batch of sequences (Model::forward_batch, TpShard::forward_batch): the views
+// with `c`'s row width and every sequence's rows (Errors: a sequence without tokens, positions
+// not increasing, tokens outside the vocabulary); the embeddings and RoPE tables of the rows;
+// the logits each sequence asks for (SeqBatch::logits, n_logits) from the residual stream.
+std::vector<SeqBatch> batch_rows(const ModelConfig& c, const SeqBatch* in, int64_t n_seqs, Rows& rows, bool* paged_in);
+void embed_batch(const detail::ModelImpl& mi, const ModelConfig& c, const SeqBatch* seqs, int64_t n_seqs,
+                 const Rows& rows, Work& w);
+void batch_logits(const detail::ModelImpl& mi, const ModelConfig& c, const SeqBatch* seqs, int64_t n_seqs,
+                  const Work& w);
+
 // The view with the model's row width filled in (KvView leaves it 0 by default); Error naming
 // the sequence when the view was built for another row width.
 KvView model_view(const ModelConfig& c, const KvView& kv, int64_t seq);

@@ -134,11 +134,33 @@ void Model::forward(const int32_t* tokens, int64_t n, const KvView& kv, float* l
 
 void Model::forward_batch(const SeqBatch* in, int64_t n_seqs) const {
   const ModelConfig& c = cfg_;
-  const int64_t H = c.hidden_size;
   Rows rows;
   bool paged_in = false;
-  std::vector<SeqBatch> batch(in, in + std::max<int64_t>(0, n_seqs));  // views with the model's row width
+  const std::vector<SeqBatch> batch = batch_rows(c, in, n_seqs, rows, &paged_in);
   const SeqBatch* seqs = batch.data();
+  const int64_t n = rows.size();
+  if (n == 0) return;
+  const detail::ModelImpl& mi = *impl_;
+  Work w;
+  w.resize(c, n, paged_in);
+  embed_batch(mi, c, seqs, n_seqs, rows, w);
+  std::optional<stream::LayerStreamer::Pass> pass;  // streaming: one pass over every layer
+  if (mi.stream) pass.emplace(*mi.stream);
+  Weight mats[detail::kLayerMats];
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (pass) w.mats = bind_streamed(mi.layers[size_t(l)], pass->acquire(l), mats);
+    run_layer(mi, c, l, seqs, rows, w, nullptr);
+    if (pass) pass->release();
+  }
+  w.mats = nullptr;
+  pass.reset();  // the next pass may start while the logits are computed
+  batch_logits(mi, c, seqs, n_seqs, w);
+}
+
+namespace blocks {
+
+std::vector<SeqBatch> batch_rows(const ModelConfig& c, const SeqBatch* in, int64_t n_seqs, Rows& rows, bool* paged_in) {
+  std::vector<SeqBatch> batch(in, in + std::max<int64_t>(0, n_seqs));  // views with the model's row width
   for (int64_t s = 0; s < n_seqs; ++s) {
     SeqBatch& b = batch[size_t(s)];
     if (b.n <= 0) fail("forward: sequence ", s, " of the batch has no tokens");
@@ -150,27 +172,22 @@ void Model::forward_batch(const SeqBatch* in, int64_t n_seqs) const {
         fail("forward: positions of sequence ", s, " are not increasing at index ", i);
       rows.add(s, p);
     }
-    paged_in = paged_in || b.kv.pager.active();
+    *paged_in = *paged_in || b.kv.pager.active();
   }
-  const int64_t n = rows.size();
-  if (n == 0) return;
-  const detail::ModelImpl& mi = *impl_;
-  Work w;
-  w.resize(c, n, paged_in);
+  return batch;
+}
+
+void embed_batch(const detail::ModelImpl& mi, const ModelConfig& c, const SeqBatch* seqs, int64_t n_seqs,
+                 const Rows& rows, Work& w) {
+  const int64_t H = c.hidden_size;
   for (int64_t s = 0, row = 0; s < n_seqs; row += seqs[s].n, ++s)
     embed(mi, c, seqs[s].tokens, seqs[s].n, &w.x[size_t(row * H)]);
   rope_tables(mi.inv_freq, mi.inv_freq_local, rows, w);
-  std::optional<stream::LayerStreamer::Pass> pass;  // streaming: one pass over every layer
-  if (mi.stream) pass.emplace(*mi.stream);
-  Weight mats[detail::kLayerMats];
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    if (pass) w.mats = bind_streamed(mi.layers[size_t(l)], pass->acquire(l), mats);
-    run_layer(mi, c, l, seqs, rows, w, nullptr);
-    if (pass) pass->release();
-  }
-  w.mats = nullptr;
-  pass.reset();  // the next pass may start while the logits are computed
+}
 
+void batch_logits(const detail::ModelImpl& mi, const ModelConfig& c, const SeqBatch* seqs, int64_t n_seqs,
+                  const Work& w) {
+  const int64_t H = c.hidden_size;
   // Logits: the requested rows of every sequence in one matmul.
   std::vector<int64_t> src;
   for (int64_t s = 0, row = 0; s < n_seqs; row += seqs[s].n, ++s)
@@ -194,5 +211,7 @@ void Model::forward_batch(const SeqBatch* in, int64_t n_seqs) const {
     i += k;
   }
 }
+
+}  // namespace blocks
 
 }  // namespace kvboost

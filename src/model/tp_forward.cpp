@@ -121,10 +121,41 @@ std::unique_ptr<TpShard> TpShard::create(const Model& m, int rank, int world) {
   return t;
 }
 
+namespace {
+
+// Layer l of a shard over `rows`: the Llama-family layer (arch/llama.cpp, arch/qwen3.cpp) with
+// the two all-reduces. before_write / kv_only as blocks::LayerPass (kv_only: no all-reduce, the
+// pass stops after the K/V write).
+void tp_layer(const ModelConfig& cfg, const detail::LayerWeights& L, int64_t l, const SeqBatch* s,
+              const blocks::Rows& rows, blocks::Work& w, const blocks::BeforeWrite* before_write, bool kv_only,
+              dist::Comm& comm) {
+  const int64_t n = rows.size(), H = cfg.hidden_size;
+  blocks::LayerPass p{cfg, l, L, L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down, s, rows, w, before_write, kv_only,
+                      n, float(cfg.rms_norm_eps)};
+  blocks::input_norm(p);
+  blocks::qkv_projection(p);
+  if (cfg.qk_norm) blocks::qk_norm(p);
+  blocks::rope(p, /*local=*/false);
+  if (!blocks::write_kv(p)) return;
+  blocks::attention(p);
+  blocks::output_projection(p);
+  comm.all_reduce_sum(w.h.data(), n * H);
+  blocks::residual_norm(p);
+  blocks::gated_mlp(p, blocks::Activation::Silu);
+  comm.all_reduce_sum(w.h.data(), n * H);
+  blocks::end_layer(p);
+}
+
+void check_comm(const dist::Comm& comm, int rank, int world) {
+  if (comm.world() != world || comm.rank() != rank)
+    fail("tensor parallel: shard ", rank, "/", world, " run with communicator rank ", comm.rank(), "/", comm.world());
+}
+
+}  // namespace
+
 void TpShard::forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logits, bool all_logits,
                       dist::Comm& comm) const {
-  if (comm.world() != world_ || comm.rank() != rank_)
-    fail("tensor parallel: shard ", rank_, "/", world_, " run with communicator rank ", comm.rank(), "/", comm.world());
+  check_comm(comm, rank_, world_);
   if (n <= 0) fail("forward: no tokens");
   if (kv.size() + n > kv.capacity())
     fail("forward: ", kv.size() + n, " tokens exceed the KV cache capacity of ", kv.capacity());
@@ -142,24 +173,7 @@ void TpShard::forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logi
   w.resize(cfg_, n, false);
   blocks::embed(mi, full, tokens, n, w.x.data());
   blocks::rope_tables(mi.inv_freq, mi.inv_freq_local, rows, w);
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
-    const detail::LayerWeights& L = layers_[size_t(l)];
-    blocks::LayerPass p{cfg_, l, L, L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down, &s, rows, w, nullptr, false,
-                        n, float(cfg_.rms_norm_eps)};
-    // The Llama-family layer (arch/llama.cpp, arch/qwen3.cpp) with the two all-reduces.
-    blocks::input_norm(p);
-    blocks::qkv_projection(p);
-    if (cfg_.qk_norm) blocks::qk_norm(p);
-    blocks::rope(p, /*local=*/false);
-    blocks::write_kv(p);
-    blocks::attention(p);
-    blocks::output_projection(p);
-    comm.all_reduce_sum(w.h.data(), n * H);
-    blocks::residual_norm(p);
-    blocks::gated_mlp(p, blocks::Activation::Silu);
-    comm.all_reduce_sum(w.h.data(), n * H);
-    blocks::end_layer(p);
-  }
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) tp_layer(cfg_, layers_[size_t(l)], l, &s, rows, w, nullptr, false, comm);
   kv.set_size(kv.size() + n);
   if (!logits) return;
   const int64_t m = all_logits ? n : 1;
@@ -167,6 +181,106 @@ void TpShard::forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logi
   for (int64_t i = 0; i < m; ++i) w.residual_row(n - m + i, H, &xs[size_t(i * H)]);
   kernels::rms_norm(xs.data(), mi.final_norm_store.data(), xs.data(), m, H, float(full.rms_norm_eps));
   blocks::linear(xs.data(), mi.lm_head, nullptr, logits, m);
+}
+
+void TpShard::forward_batch(const SeqBatch* in, int64_t n_seqs, dist::Comm& comm) const {
+  check_comm(comm, rank_, world_);
+  blocks::Rows rows;
+  bool paged_in = false;
+  const std::vector<SeqBatch> batch = blocks::batch_rows(cfg_, in, n_seqs, rows, &paged_in);
+  if (paged_in) fail("tensor parallel: K/V in a cold tier are not supported");
+  const SeqBatch* seqs = batch.data();
+  if (rows.size() == 0) return;
+  const detail::ModelImpl& mi = *model_->impl_;
+  blocks::Work w;
+  w.resize(cfg_, rows.size(), false);
+  blocks::embed_batch(mi, cfg_, seqs, n_seqs, rows, w);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) tp_layer(cfg_, layers_[size_t(l)], l, seqs, rows, w, nullptr, false, comm);
+  blocks::batch_logits(mi, cfg_, seqs, n_seqs, w);
+}
+
+// Model::forward_blend (blend.cpp) on the shard: the same schedule, the rows' deviations summed
+// over the ranks' K/V heads before each selection, so every rank keeps the same rows.
+BlendStats TpShard::forward_blend(const int32_t* tokens, int64_t n, const KvView& view, const BlendOptions& opt,
+                                  float* logits, dist::Comm& comm) const {
+  check_comm(comm, rank_, world_);
+  if (n <= 0) fail("forward_blend: no tokens");
+  const ModelConfig& full = model_->config();
+  const detail::ModelImpl& mi = *model_->impl_;
+  const int64_t H = full.hidden_size, nkv = cfg_.n_kv_heads * cfg_.head_dim;
+  const KvView kv = blocks::model_view(cfg_, view, 0);
+  if (kv.pager) fail("forward_blend: K/V in a cold tier are not supported (use selective repair)");
+  blocks::check_tokens(full, tokens, n);
+  SeqBatch seq;
+  seq.kv = kv;
+  blocks::Rows rows;
+  for (int64_t i = 0; i < n; ++i) rows.add(0, kv.n_past + i);
+  blocks::Work w;
+  w.resize(cfg_, n, false);
+  blocks::embed(mi, full, tokens, n, w.x.data());
+  blocks::rope_tables(mi.inv_freq, mi.inv_freq_local, rows, w);
+  const BlendSchedule sched(opt, n, cfg_.n_layers);
+  const int64_t check = sched.check_layer();
+  BlendStats st;
+  for (int64_t l = 0; l < check; ++l) tp_layer(cfg_, layers_[size_t(l)], l, &seq, rows, w, nullptr, false, comm);
+  std::vector<int64_t> tok(static_cast<size_t>(n));  // token index of each current row
+  for (int64_t t = 0; t < n; ++t) tok[size_t(t)] = t;
+  int64_t n_kept = sched.n_candidates();
+  std::vector<float> sums, dev;  // [rows, 4] this rank's partial sums, then every rank's
+  int64_t measured_layer = 0;
+  const blocks::BeforeWrite measure = [&](const float* k, const float* v) {
+    sums.assign(tok.size() * 4, 0.0f);
+    for (size_t r = 0; r < tok.size(); ++r) {
+      if (!sched.is_candidate(tok[r])) continue;
+      const int64_t p = kv.n_past + tok[r];
+      double d[4];
+      BlendSchedule::deviation_sums(k + int64_t(r) * nkv, v + int64_t(r) * nkv, kv.k_row(measured_layer, p),
+                                    kv.v_row(measured_layer, p), nkv, d);
+      for (int i = 0; i < 4; ++i) sums[r * 4 + size_t(i)] = float(d[i]);
+    }
+  };
+  st.n_full_layers = check;
+  for (int64_t l = check; l < cfg_.n_layers; ++l) {
+    const detail::LayerWeights& L = layers_[size_t(l)];
+    if (sched.selects_at(l, n_kept)) {
+      measured_layer = l;
+      tp_layer(cfg_, L, l, &seq, rows, w, &measure, /*kv_only=*/true, comm);
+      comm.all_reduce_sum(sums.data(), int64_t(sums.size()));
+      dev.assign(tok.size(), 0.0f);
+      for (size_t r = 0; r < tok.size(); ++r) {
+        const double d[4] = {sums[r * 4], sums[r * 4 + 1], sums[r * 4 + 2], sums[r * 4 + 3]};
+        if (sched.is_candidate(tok[r])) dev[r] = BlendSchedule::deviation_of_sums(d);
+      }
+      int64_t n_sel = 0;
+      const std::vector<uint8_t> keep = sched.select(l, tok, dev, &n_sel);
+      int64_t m = 0;
+      for (uint8_t x : keep) m += x;
+      blocks::Rows next;
+      blocks::Work w2;
+      w2.resize(cfg_, m, false);
+      std::vector<int64_t> next_tok;
+      for (size_t r = 0; r < tok.size(); ++r) {
+        if (!keep[r]) continue;
+        next.add(0, kv.n_past + tok[r]);
+        std::memcpy(&w2.x[size_t(int64_t(next_tok.size()) * H)], &w.x[r * size_t(H)], size_t(H) * sizeof(float));
+        next_tok.push_back(tok[r]);
+      }
+      blocks::rope_tables(mi.inv_freq, mi.inv_freq_local, next, w2);
+      w = std::move(w2);
+      rows = std::move(next);
+      tok = std::move(next_tok);
+      n_kept = n_sel;
+    }
+    tp_layer(cfg_, L, l, &seq, rows, w, nullptr, false, comm);
+    st.n_row_layers += rows.size();
+  }
+  st.n_selected = n_kept;
+  st.n_rows_late = rows.size();
+  std::vector<float> last(static_cast<size_t>(H)), normed(static_cast<size_t>(H));
+  w.residual_row(rows.size() - 1, H, last.data());
+  kernels::rms_norm(last.data(), mi.final_norm_store.data(), normed.data(), 1, H, float(full.rms_norm_eps));
+  blocks::linear(normed.data(), mi.lm_head, nullptr, logits, 1);
+  return st;
 }
 
 }  // namespace kvboost

@@ -45,7 +45,9 @@ Engine::Impl::Impl(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& o
   const int64_t n_blocks = kv::BlockPool::blocks_for_budget(budget, block_size_, c.n_layers, c.n_kv_heads, c.head_dim);
   if (n_blocks < 1) fail("KV budget of ", budget, " bytes holds no block of ", block_size_, " tokens");
   kv_ = std::make_unique<kv::KvCacheManager>(n_blocks, block_size_);
-  store_ = std::make_unique<kv::PagedKvStorage>(n_blocks, block_size_, c.n_layers, c.n_kv_heads, c.head_dim);
+  // Under tensor parallelism this store is rank 0's K/V heads (the budget is the ranks' total).
+  const int64_t store_heads = opt_.tp > 1 ? tp_plan(c, 0, opt_.tp).config.n_kv_heads : c.n_kv_heads;
+  store_ = std::make_unique<kv::PagedKvStorage>(n_blocks, block_size_, c.n_layers, store_heads, c.head_dim);
   if (!opt.cold_dir.empty()) {
     cold_ = std::make_unique<kv::FileColdStore>(opt.cold_dir, store_->block_bytes());
     kv_->attach_cold_tier(store_.get(), cold_.get());
@@ -53,7 +55,7 @@ Engine::Impl::Impl(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& o
   // A CUDA device: the weights go to the device and its pools take the store's shape (the host
   // store stays the kv manager's bookkeeping twin; its lazily committed pages are never touched).
   runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *store_, cold_ != nullptr, opt_.load.device,
-                                          opt_.prefill_chunk + opt_.max_batch, opt_.load.vram_budget);
+                                          opt_.prefill_chunk + opt_.max_batch, opt_.load.vram_budget, opt_.tp);
   // On a device the cold tier moves the device pools' blocks: pinned host slots before the files.
   if (cold_ && runner_->on_device()) runner_->attach_device_cold_tier(cold_.get(), opt_.cold_host_bytes);
   // Model identity for chunk keys (model_identity, src/model/identity.cpp): a content hash of
@@ -106,6 +108,15 @@ std::unique_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions
       fail("device ", dev.name(), ": layer streaming from disk (weight_budget, --weight-budget) is CPU-only; on a "
            "CUDA device, layers stream from pinned host memory under vram_budget (--vram-budget)");
   }
+  if (opt.tp < 1 || opt.tp > 64) fail("tp (--tp) ", opt.tp, ": tensor parallelism needs 1 .. 64 ranks");
+  if (opt.tp > 1) {
+    if (opt.load.weight_budget > 0 || opt.load.vram_budget > 0)
+      fail("tensor parallelism (tp ", opt.tp, ") with layer streaming (", opt.load.weight_budget > 0 ? "weight_budget, --weight-budget" : "vram_budget, --vram-budget",
+           ") is not supported");
+    if (!opt.cold_dir.empty())
+      fail("tensor parallelism (tp ", opt.tp, ") with a cold tier (cold_dir, --kv-cold-dir) is not supported: each rank "
+           "would spill its own heads' blocks");
+  }
   kernels::require_device(dev, "device");
   // A GGUF model: tokenizer files beside the .gguf win; without them, the tokenizer stored in it.
   const std::string gguf = gguf_model_file(dir);
@@ -123,7 +134,15 @@ std::unique_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions
   // its weights are not packed or prefaulted (the device runner reads them from the files).
   LoadOptions host = opt.load;
   if (!dev.is_cpu()) host.device = {}, host.pack_weights = false, host.prefault = false;
+  if (opt.tp > 1) host.pack_weights = false;  // the shards slice the file layout (TpShard)
   auto model = Model::load(dir, host);
+  if (opt.tp > 1) {  // tp_plan's Errors (heads that do not split, an architecture without TP), naming the model
+    try {
+      tp_plan(model->config(), 0, opt.tp);
+    } catch (const Error& e) {
+      fail(dir, ": ", e.what());
+    }
+  }
   if (tok.vocab_size() > model->config().vocab_size)
     fail(dir, ": tokenizer.json has ", tok.vocab_size(), " tokens but config.json vocab_size is ",
          model->config().vocab_size);

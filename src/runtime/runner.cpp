@@ -9,11 +9,19 @@
 namespace kvboost {
 
 ModelRunner::ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKvStorage& store, bool cold_tier,
-                         const kernels::Device& device, int64_t rows_hint, uint64_t vram_budget)
+                         const kernels::Device& device, int64_t rows_hint, uint64_t vram_budget, int tp)
     : model_(model), kv_(kv), store_(store), cold_(cold_tier), device_(device) {
   if (device.is_cpu() && vram_budget > 0)
     fail("vram_budget (--vram-budget) ", vram_budget, " bytes is for a CUDA device (--device cuda); on the CPU, "
          "layer streaming is weight_budget (--weight-budget)");
+  if (tp < 1) fail("tp ", tp, " must be at least 1");
+  if (tp > 1) {
+    if (cold_tier)
+      fail("tensor parallelism (tp ", tp, ") with a cold tier (cold_dir, --kv-cold-dir) is not supported: each rank "
+           "would spill its own heads' blocks");
+    tp_ = std::make_unique<TpRanks>(model, tp, store, device, rows_hint, vram_budget);
+    return;
+  }
   if (device.is_cpu()) return;
   gpu::PagedRunnerOptions o;
   o.device = device.index;
@@ -24,6 +32,9 @@ ModelRunner::ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKv
 }
 
 ModelRunner::~ModelRunner() = default;
+
+bool ModelRunner::on_device() const { return dev_ != nullptr || (tp_ && tp_->on_device()); }
+int ModelRunner::tp() const { return tp_ ? tp_->world() : 1; }
 
 void ModelRunner::attach_device_cold_tier(kv::ColdStore* disk, size_t host_bytes) {
   if (!dev_) fail("attach_device_cold_tier: the runner is on the CPU (its cold tier is the host pools')");
@@ -67,6 +78,7 @@ void ModelRunner::resident(std::span<const kv::SeqId> seqs) const {
 }
 
 KvView ModelRunner::view(kv::SeqId seq, int64_t n_past) const {
+  if (tp_) fail("tensor parallelism: the K/V are split over ", tp_->world(), " ranks; there is no one view of them");
   if (dev_) fail("device ", device_.name(), ": the K/V live on the device; there is no host view of them");
   KvView v;
   static_cast<kv::KvLayout&>(v) = store_.layout(kv_.block_table(seq).data());
@@ -77,6 +89,7 @@ KvView ModelRunner::view(kv::SeqId seq, int64_t n_past) const {
 }
 
 double ModelRunner::run_batch(std::vector<PlannedRows>& rows) {
+  if (tp_) return tp_run_batch(rows);
   if (dev_) {
     pass_seqs_.clear();
     for (const PlannedRows& p : rows) pass_seqs_.push_back(p.seq);
@@ -120,6 +133,7 @@ double ModelRunner::run_batch(std::vector<PlannedRows>& rows) {
 void ModelRunner::copy_in(kv::SeqId seq, const reuse::CopyIn& c, const kv::ChunkShape& shape) {
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim;
+  if (tp_) return tp_copy_in(seq, c, shape);
   const kv::Chunk& ch = *c.chunk;
   const int64_t len = int64_t(ch.tokens.size()), delta = c.begin - ch.pos0, t0 = std::max<int64_t>(0, c.from - c.begin);
   if (dev_) {  // the same rows into the device pools, keys re-rotated there
@@ -145,6 +159,7 @@ void ModelRunner::copy_in(kv::SeqId seq, const reuse::CopyIn& c, const kv::Chunk
 void ModelRunner::read_chunk(kv::SeqId seq, int64_t begin, int64_t len, const kv::ChunkShape& shape, kv::Chunk& out) {
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim;
+  if (tp_) return tp_read_chunk(seq, begin, len, shape, out);
   if (dev_) {
     if (len > 0) resident(seq, begin / kv_.block_size(), (begin + len - 1) / kv_.block_size() - begin / kv_.block_size() + 1);
     kbuf_.resize(size_t(len * nkv)), vbuf_.resize(size_t(len * nkv));
@@ -163,6 +178,7 @@ void ModelRunner::read_chunk(kv::SeqId seq, int64_t begin, int64_t len, const kv
 }
 
 std::vector<float> ModelRunner::snapshot_rows(kv::SeqId seq, std::span<const int64_t> rows) const {
+  if (tp_) return tp_snapshot_rows(seq, rows);
   if (dev_) {
     resident(seq);
     return dev_->snapshot_rows(kv_.block_table(seq), rows);
@@ -183,9 +199,9 @@ std::vector<float> ModelRunner::snapshot_rows(kv::SeqId seq, std::span<const int
 float ModelRunner::deviation(kv::SeqId seq, std::span<const int64_t> rows, std::span<const float> snapshot) const {
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim;
-  if (dev_) {  // the rows now, fetched from the device in the snapshot's layout; the same sums
+  if (dev_ || tp_) {  // the rows now, fetched from the device / the ranks in the snapshot's layout; the same sums
     resident(seq);
-    const std::vector<float> now = dev_->snapshot_rows(kv_.block_table(seq), rows);
+    const std::vector<float> now = tp_ ? tp_snapshot_rows(seq, rows) : dev_->snapshot_rows(kv_.block_table(seq), rows);
     double sum = 0;
     const int64_t n_terms = int64_t(rows.size()) * cfg.n_layers;
     for (int64_t i = 0; i < 2 * n_terms; ++i) {
@@ -216,11 +232,14 @@ float ModelRunner::deviation(kv::SeqId seq, std::span<const int64_t> rows, std::
   return float(sum / double(std::max<int64_t>(1, n_terms)));
 }
 
-int64_t ModelRunner::device_passes() const { return dev_ ? dev_->passes() : 0; }
+int64_t ModelRunner::device_passes() const {
+  if (tp_ && tp_->on_device()) return tp_->rank(0).dev->passes();
+  return dev_ ? dev_->passes() : 0;
+}
 
 BlendStats ModelRunner::run_blend(const PlannedBlend& b, double* ms) {
   const double t0 = now_ms();
-  const BlendStats bs = dev_ ? dev_->forward_blend(b.tokens, b.n, b.n_past, kv_.block_table(b.seq), b.opts, b.logits)
+  const BlendStats bs = tp_ ? tp_run_blend(b) : dev_ ? dev_->forward_blend(b.tokens, b.n, b.n_past, kv_.block_table(b.seq), b.opts, b.logits)
                              : model_.forward_blend(b.tokens, b.n, view(b.seq, b.n_past), b.opts, b.logits);
   *ms = now_ms() - t0;
   return bs;

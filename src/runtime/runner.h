@@ -11,6 +11,11 @@
 // device weights and device pools indexed by the same block ids). Each method switches on the
 // backend once per call, never inside a loop over rows or layers' kernels. What the device
 // backend does not run is an Error naming it and the device (docs/gpu.md).
+//
+// Tensor parallelism (tp > 1; tp_ranks.h): every method runs on the ranks at once, each over
+// its shard and the K/V pools of its heads (the CPU's TpShard, or a device runner per rank);
+// chunks and probe rows are scattered to and gathered from the ranks' heads, so chunks stored
+// under TP are the same bytes as without it (runner_tp.cpp).
 #pragma once
 
 #include <memory>
@@ -21,6 +26,7 @@
 #include "kvboost/model.h"
 #include "kvboost/reuse.h"
 #include "scheduler.h"
+#include "tp_ranks.h"
 
 namespace kvboost {
 
@@ -30,10 +36,13 @@ class ModelRunner {
   // store's shape; rows_hint sizes the device scratch of a pass; vram_budget: layer streaming,
   // LoadOptions::vram_budget, an Error on the CPU). Errors for a device: see
   // gpu::PagedRunner::create. A cold tier on a device: attach_device_cold_tier.
+  // tp > 1: tensor parallelism over tp ranks; store is then rank 0's pools (n_kv_heads / tp
+  // heads). Errors: a cold tier with tp > 1, TpRanks'.
   ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKvStorage& store, bool cold_tier,
-              const kernels::Device& device = {}, int64_t rows_hint = 512, uint64_t vram_budget = 0);
+              const kernels::Device& device = {}, int64_t rows_hint = 512, uint64_t vram_budget = 0, int tp = 1);
   ~ModelRunner();
-  bool on_device() const { return dev_ != nullptr; }
+  bool on_device() const;
+  int tp() const;
   // On a device, the kv manager's cold tier becomes the chain device pools -> pinned host slots
   // (host_bytes of them; kv::HostColdStore over PagedRunner::spill_copy) -> `disk` (the engine's
   // kv::FileColdStore, which must outlive the runner's passes). Every device pass then first
@@ -47,7 +56,8 @@ class ModelRunner {
   KvView view(kv::SeqId seq, int64_t n_past) const;
   // Copy-on-write of a shared block, all layers, K and V.
   void copy_block(const kv::CopyOp& c) {
-    if (dev_) dev_->copy_block(c.src, c.dst);
+    if (tp_) tp_copy_block(c);
+    else if (dev_) dev_->copy_block(c.src, c.dst);
     else store_.copy_block(c.src, c.dst);
   }
   // A reuse plan's copy-in: a stored chunk's rows into the sequence's slots, keys re-rotated
@@ -85,6 +95,14 @@ class ModelRunner {
   std::vector<gpu::PagedSeq> dev_batch_;   // scratch, reused across steps
   std::vector<SeqBatch> batch_;  // scratch, reused across steps
   std::vector<float> kbuf_, vbuf_;
+  // Tensor parallelism (runner_tp.cpp); null: one rank.
+  std::unique_ptr<TpRanks> tp_;
+  void tp_copy_block(const kv::CopyOp& c);
+  void tp_copy_in(kv::SeqId seq, const reuse::CopyIn& c, const kv::ChunkShape& shape);
+  void tp_read_chunk(kv::SeqId seq, int64_t begin, int64_t len, const kv::ChunkShape& shape, kv::Chunk& out);
+  std::vector<float> tp_snapshot_rows(kv::SeqId seq, std::span<const int64_t> rows) const;
+  double tp_run_batch(std::vector<PlannedRows>& rows);
+  BlendStats tp_run_blend(const PlannedBlend& b);
 };
 
 }  // namespace kvboost

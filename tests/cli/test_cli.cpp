@@ -156,6 +156,24 @@ TEST(Cli, DeviceOption) {
   EXPECT_EQ(r.out.rfind("Once upon a time, there was a little girl named Lily.", 0), 0u) << r.out;
 }
 
+// --tp (tensor parallelism, docs/gpu.md): generate at --tp 2 prints what --tp 1 prints; a split the
+// heads do not allow names the heads and the ranks.
+TEST(Cli, TpOption) {
+  KVBOOST_REQUIRE_PATH(stories());
+  const std::string g = "generate --model " + stories() + " -p 'Once upon a time' -n 20";
+  Proc one = run(g), two = run(g + " --tp 2");
+  ASSERT_EQ(one.rc, 0) << one.err;
+  ASSERT_EQ(two.rc, 0) << two.err;
+  EXPECT_EQ(two.out, one.out);
+  Proc bad = run(g + " --tp 3");
+  EXPECT_EQ(bad.rc, 1);
+  EXPECT_NE(bad.err.find("8 attention heads and 4 K/V heads do not split over 3 ranks"), std::string::npos) << bad.err;
+  for (const char* cmd : {"serve", "bench model"}) {
+    Proc h = run(std::string(cmd) + " --help");
+    EXPECT_NE(h.out.find("--tp"), std::string::npos) << cmd;
+  }
+}
+
 // --vram-budget (device layer streaming) on generate, serve and bench model: on the CPU it is an
 // error naming --device and --weight-budget, before the model is looked at; a bad size names itself.
 TEST(Cli, VramBudgetOption) {

@@ -283,6 +283,50 @@ TEST(EngineDevice, CacheBlendOnTheDeviceMatchesTheCpu) {
 // then asked in another; time to first token of a full prefill (no cache) against the copy-in
 // with re-rotation (reuse mode none) and with selective repair, on the device. Printed for the
 // log (docs/gpu.md records it); asserted only that the reuse happened.
+// Tensor parallelism under the engine on devices (EngineOptions::tp; docs/gpu.md "Tensor
+// parallelism under the engine"): tp = 2 on cuda:0 and cuda:1 over NCCL against the CPU engine
+// at tp = 1 on stories260K (greedy tokens, logits within kTol) and a reordered RAG prompt under
+// CacheBlend (its selection all-reduced over the ranks' heads). Needs two devices.
+TEST(EngineDevice, TensorParallelOverTwoDevicesMatchesTheCpu) {
+  REQUIRE_GPU();
+  KVBOOST_REQUIRE_PATH(stories());
+  if (gpu::device_count() < 2) GTEST_SKIP() << "tensor parallelism over devices needs two (one rank per device)";
+  auto cpu = Engine::load(stories(), on(Device{}));
+  EngineOptions two = on(kCuda);
+  two.tp = 2;
+  auto dev = Engine::load(stories(), two);
+  const auto prompt = cpu->tokenizer().encode("Once upon a time, there was a little girl", true);
+  expect_same(generate(*dev, prompt, greedy(32)), generate(*cpu, prompt, greedy(32)));
+  EngineOptions blend_cpu = on(Device{}), blend_dev = two;
+  blend_cpu.chunk_size = blend_dev.chunk_size = 16;
+  for (auto* eo : {&blend_cpu, &blend_dev}) eo->kv_prefault_tokens = 0;
+  auto c2 = Engine::load(stories(), blend_cpu), d2 = Engine::load(stories(), blend_dev);
+  const Tokenizer& t = c2->tokenizer();
+  auto rag = [&](const std::string& a, const std::string& b, std::vector<int64_t>* segs) {
+    std::vector<int32_t> ids = t.encode("Read these.", true);
+    segs->assign({int64_t(ids.size())});
+    for (const std::string* d : {&a, &b}) {
+      const auto x = t.encode(*d + *d + *d, false);
+      ids.insert(ids.end(), x.begin(), x.end());
+      segs->push_back(int64_t(ids.size()));
+    }
+    const auto q = t.encode(" What happened?", false);
+    ids.insert(ids.end(), q.begin(), q.end());
+    return ids;
+  };
+  const std::string da = "Tom had a red ball and played in the park. ", db = "Sue saw a big dog with a stick. ";
+  std::vector<int64_t> segs;
+  for (Engine* e : {c2.get(), d2.get()}) e->warm(rag(da, db, &segs), segs);
+  const std::vector<int32_t> ids = rag(db, da, &segs);
+  GenerateOptions o = greedy(16);
+  o.segment_starts = segs;
+  o.reuse.mode = ReuseMode::kCacheBlend;
+  const DevRun ref = generate(*c2, ids, o), got = generate(*d2, ids, o);
+  EXPECT_GT(got.res.n_reused, 32);
+  EXPECT_EQ(got.res.n_reused, ref.res.n_reused);
+  expect_same(got, ref);
+}
+
 TEST(EngineDevice, TtftWithChunkReusePrinted) {
   REQUIRE_GPU();
   static const std::string dir = [] {

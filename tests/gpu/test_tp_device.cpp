@@ -414,25 +414,106 @@ TEST(TpDevice, AwqShardsMatchTp1AndUnevenGroupsAreAnError) {
       << e;
 }
 
-// CacheBlend's selection under TP is refused (each rank would select rows from its own heads).
-TEST(TpDevice, ForwardBlendUnderTpIsAnError) {
-  REQUIRE_GPU_FORKED();
-  FixtureSpec s = fixture_preset("tiny");
-  s.tokenizer_kind = "";
-  const std::string dir = write_fixture("tp_device_blend", s);
-  const std::string e = error_of([&] {
-    dist::run_ranks(2, [&](dist::Comm& c) {
+// CacheBlend under TP: a prompt prefilled, the cached K/V of every reused row in layers 1..
+// moved by a row-specific amount (a function of the global K/V column: each rank moves its
+// heads' share of the same change, tests/model/test_tp_forward.cpp's scheme), then forward_blend.
+// The ranks all-reduce the rows' deviation sums, so TP = 2 keeps the rows TP = 1 keeps: the same
+// stats, logits within 2e-4 (the moved K/V make them depend on the selection), rank 1's equal
+// to rank 0's; TP = 1 on the device against Model::forward_blend on the CPU within 1e-3.
+struct BlendResult {
+  std::vector<float> logits, rank1;
+  BlendStats st;
+};
+
+BlendResult run_blend(const std::string& dir, Kind kind, int world, const std::vector<int32_t>& prompt) {
+  const ModelConfig cfg = ModelConfig::from_dir(dir);
+  const int64_t n = int64_t(prompt.size()), V = cfg.vocab_size, n_blocks = (n + kBlock) / kBlock;
+  const size_t bytes = size_t(2 * V) * sizeof(float) + sizeof(BlendStats);
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) fail("mmap of ", bytes, " bytes");
+  auto* out = static_cast<float*>(mem);
+  std::fill(out, out + 2 * V, std::nanf(""));
+  auto* st = reinterpret_cast<BlendStats*>(out + 2 * V);
+  dist::run_ranks(world, [&](dist::Comm& c) {
+    const int r = c.rank();
+    const int64_t nkv = (world > 1 ? tp_plan(cfg, r, world).config.n_kv_heads : cfg.n_kv_heads) * cfg.head_dim;
+    const int64_t col0 = int64_t(r) * nkv;
+    auto move = [&](int64_t l, int64_t p, float* k, float* v) {
+      const float amp = 0.03f * float(1 + (p * 5) % (n - 1));
+      for (int64_t j = 0; j < nkv; ++j) {
+        const float f = std::sin(float(l * 13 + p * 7) + 0.37f * float(col0 + j));
+        k[j] += amp * f, v[j] -= amp * f;
+      }
+    };
+    std::vector<uint8_t> reused(size_t(n), 1);
+    BlendOptions bo;
+    bo.check_layer = 1, bo.ratio = 0.25f, bo.reused = reused.data();
+    std::vector<float> lg(static_cast<size_t>(V));
+    BlendStats s;
+    if (kind == Kind::Cpu) {
+      auto m = Model::load(dir);
+      KvCache kv(m->config(), n + 1);
+      m->forward(prompt.data(), n, kv, lg.data());
+      for (int64_t l = 1; l < cfg.n_layers; ++l)
+        for (int64_t p = 0; p < n - 1; ++p) move(l, p, kv.k(l) + p * nkv, kv.v(l) + p * nkv);
+      KvView view = kv.view();
+      view.n_past = 0;
+      s = m->forward_blend(prompt.data(), n, view, bo, lg.data());
+    } else {
       auto m = load_for_device(dir);
-      const ModelConfig& cfg = m->config();
       gpu::PagedRunnerOptions o;
-      o.comm = c;
-      o.pool = gpu::PoolLayout{cfg.n_layers, 4, kBlock, cfg.n_kv_heads / 2, cfg.head_dim};
-      auto r = gpu::PagedRunner::create(*m, o);
-      std::vector<kv::BlockId> table = {0, 1};
-      std::vector<int32_t> toks = {1, 2, 3};
-      std::vector<float> lg(static_cast<size_t>(cfg.vocab_size));
-      r->forward_blend(toks.data(), 3, 0, table, BlendOptions{}, lg.data());
-    });
-  });
-  EXPECT_NE(e.find("CacheBlend (forward_blend) under tensor parallelism is not supported"), std::string::npos) << e;
+      o.comm = world > 1 ? c : dist::Comm::local();
+      o.rows_hint = 64;
+      o.pool = gpu::PoolLayout{cfg.n_layers, n_blocks, kBlock, nkv / cfg.head_dim, cfg.head_dim};
+      auto runner = gpu::PagedRunner::create(*m, o);
+      std::vector<kv::BlockId> table(static_cast<size_t>(n_blocks));
+      std::iota(table.begin(), table.end(), kv::BlockId(0));
+      gpu::PagedSeq q;
+      q.tokens = prompt.data(), q.n = n, q.block_table = table, q.logits = lg.data(), q.n_logits = 1;
+      runner->forward_batch(&q, 1);
+      std::vector<float> k(size_t(n * nkv)), v(size_t(n * nkv));
+      for (int64_t l = 1; l < cfg.n_layers; ++l) {
+        runner->read_rows(l, table, 0, n, k.data(), v.data());
+        for (int64_t p = 0; p < n - 1; ++p) move(l, p, k.data() + p * nkv, v.data() + p * nkv);
+        runner->write_rows(l, table, 0, n, k.data(), v.data());
+      }
+      s = runner->forward_blend(prompt.data(), n, 0, table, bo, lg.data());
+    }
+    if (r == 0) *st = s, std::copy(lg.begin(), lg.end(), out);
+    if (r == 1) std::copy(lg.begin(), lg.end(), out + V);
+  }, size_t(1) << 20, 300);
+  BlendResult res;
+  res.logits.assign(out, out + V);
+  res.rank1.assign(out + V, out + 2 * V);
+  res.st = *st;
+  munmap(mem, bytes);
+  return res;
+}
+
+void expect_blend_agree(const BlendResult& ref, const BlendResult& got, float rel, const std::string& what) {
+  const float scale = std::max(max_abs(ref.logits), 1.0f);
+  float worst = 0;
+  for (size_t i = 0; i < ref.logits.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got.logits[i])) << what << " logit " << i;
+    worst = std::max(worst, std::fabs(ref.logits[i] - got.logits[i]));
+  }
+  EXPECT_LT(worst, rel * scale) << what << ": max |diff| " << worst << " (max |logit| " << scale << ")";
+  EXPECT_EQ(ref.st.n_selected, got.st.n_selected) << what;
+  EXPECT_EQ(ref.st.n_rows_late, got.st.n_rows_late) << what;
+  EXPECT_EQ(ref.st.n_row_layers, got.st.n_row_layers) << what;
+}
+
+TEST(TpDevice, ForwardBlendUnderTpSelectsTheSameRows) {
+  REQUIRE_GPU_FORKED();
+  FixtureSpec s = gqa_spec("qwen2");
+  s.layers = 4;
+  const std::string dir = write_fixture("tp_device_blend", s);
+  const std::vector<int32_t> prompt = prompt_of(40, s.vocab);
+  const BlendResult cpu = run_blend(dir, Kind::Cpu, 1, prompt);
+  EXPECT_EQ(cpu.st.n_selected, 10);  // ceil(0.25 x 39 candidates)
+  const BlendResult dev1 = run_blend(dir, Kind::Device, 1, prompt);
+  expect_blend_agree(cpu, dev1, 1e-3f, "TP=1 on the device vs Model::forward_blend");
+  const BlendResult dev2 = run_blend(dir, Kind::Device, 2, prompt);
+  expect_blend_agree(dev1, dev2, 2e-4f, "TP=2 (shared memory) vs TP=1 on the device");
+  EXPECT_EQ(dev2.logits, dev2.rank1) << "rank 1's logits are not rank 0's";
 }

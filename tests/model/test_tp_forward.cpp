@@ -232,3 +232,118 @@ TEST(TpForward, PlanAndSlicesAreTheShardsRules) {
   EXPECT_NE(error_of([&] { tp_slice_bytes(kernels::WType::F32, 10, 0, 1, 4, 11, "m"); }).find("columns 4..11 of a 10-column"),
             std::string::npos);
 }
+
+namespace {
+
+// CacheBlend under tensor parallelism: a prompt prefilled exactly, then the cached K/V of every
+// reused row in layers 1.. moved by a row-specific amount (a function of the global K/V column,
+// so each rank moves its heads' share of the same change); forward_blend recomputes the rows
+// that deviate most. world 0: Model::forward_blend on the whole model.
+struct BlendRun {
+  std::vector<float> logits, rank1_logits;
+  BlendStats st;
+};
+
+BlendRun run_blend(const std::string& dir, int world, const std::vector<int32_t>& prompt, int64_t vocab,
+                   const BlendOptions& base) {
+  const int64_t n = int64_t(prompt.size());
+  const size_t bytes = size_t(2 * vocab) * sizeof(float) + sizeof(BlendStats);
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  auto* out = static_cast<float*>(mem);
+  std::fill(out, out + 2 * vocab, std::nanf(""));
+  auto* st = reinterpret_cast<BlendStats*>(out + 2 * vocab);
+  dist::run_ranks(std::max(world, 1), [&](dist::Comm& c) {
+    LoadOptions o;
+    o.pack_weights = world == 0;
+    auto m = Model::load(dir, o);
+    std::unique_ptr<TpShard> shard = world ? TpShard::create(*m, c.rank(), world) : nullptr;
+    const ModelConfig& cfg = shard ? shard->config() : m->config();
+    KvCache kv(cfg, n + 1);
+    std::vector<float> lg(static_cast<size_t>(n * vocab));
+    if (shard) shard->forward(prompt.data(), n, kv, lg.data(), false, c);
+    else m->forward(prompt.data(), n, kv, lg.data(), false);
+    const int64_t nkv = cfg.n_kv_heads * cfg.head_dim, col0 = (shard ? c.rank() : 0) * nkv;
+    for (int64_t l = 1; l < cfg.n_layers; ++l)
+      for (int64_t p = 0; p < n - 1; ++p) {
+        const float amp = 0.03f * float(1 + (p * 5) % (n - 1));  // distinct per row
+        for (int64_t j = 0; j < nkv; ++j) {
+          const float f = std::sin(float(l * 13 + p * 7) + 0.37f * float(col0 + j));
+          kv.k(l)[p * nkv + j] += amp * f;
+          kv.v(l)[p * nkv + j] -= amp * f;
+        }
+      }
+    std::vector<uint8_t> reused(size_t(n), 1);
+    BlendOptions bo = base;
+    bo.reused = reused.data();
+    KvView v = kv.view();
+    v.n_past = 0;
+    const BlendStats s = shard ? shard->forward_blend(prompt.data(), n, v, bo, lg.data(), c)
+                               : m->forward_blend(prompt.data(), n, v, bo, lg.data());
+    if (c.rank() == 0) *st = s, std::copy(lg.begin(), lg.begin() + vocab, out);
+    if (c.rank() == 1) std::copy(lg.begin(), lg.begin() + vocab, out + vocab);
+  }, size_t(1) << 16, 120);
+  BlendRun r;
+  r.logits.assign(out, out + vocab);
+  r.rank1_logits.assign(out + vocab, out + 2 * vocab);
+  r.st = *st;
+  munmap(mem, bytes);
+  return r;
+}
+
+void expect_blend_agree(const BlendRun& ref, const BlendRun& got, const std::string& what) {
+  float scale = 0, worst = 0;
+  for (float v : ref.logits) scale = std::max(scale, std::fabs(v));
+  for (size_t i = 0; i < ref.logits.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got.logits[i])) << what << " logit " << i;
+    worst = std::max(worst, std::fabs(ref.logits[i] - got.logits[i]));
+  }
+  EXPECT_LT(worst, 2e-4f * std::max(scale, 1.0f)) << what << ": max |diff| " << worst << " (max |logit| " << scale << ")";
+  EXPECT_EQ(ref.st.n_full_layers, got.st.n_full_layers) << what;
+  EXPECT_EQ(ref.st.n_selected, got.st.n_selected) << what;
+  EXPECT_EQ(ref.st.n_rows_late, got.st.n_rows_late) << what;
+  EXPECT_EQ(ref.st.n_row_layers, got.st.n_row_layers) << what;
+}
+
+}  // namespace
+
+// The same rows kept at TP = 1, 2, 4 as Model::forward_blend: logits agree, and rank 1's are
+// rank 0's bit for bit. The moved K/V make the logits depend on which rows are recomputed (a
+// blend at another ratio is far off), so agreement means the same selection. One selection at
+// the check layer, and gradual filtering (50% at the check layer, 25% from the next).
+TEST(TpForward, CacheBlendSelectsTheSameRowsAtTp2AndTp4) {
+  FixtureSpec s;
+  s.arch = "qwen2";
+  s.hidden = 128, s.heads = 16, s.kv_heads = 4, s.head_dim = 8, s.intermediate = 172, s.layers = 4;
+  s.tokenizer_kind = "";
+  s.vocab = 300;
+  s.init_std = 0.08f;
+  s.seed = 11;
+  const std::string dir = test::make_temp_dir("tp_blend");
+  dist::run_ranks(1, [&](dist::Comm&) { write_fixture_model(dir, s); });
+  const std::vector<int32_t> prompt{5, 17, 240, 3, 99, 150, 150, 42, 7, 260, 11, 64, 201, 33, 8, 190, 77, 120, 2, 9};
+  BlendOptions one;
+  one.check_layer = 1, one.ratio = 0.25f;
+  BlendOptions taper = one;
+  taper.first_ratio = 0.5f, taper.taper_layers = 1;
+  for (const auto& [name, bo] : {std::pair{"one selection", one}, std::pair{"gradual", taper}}) {
+    SCOPED_TRACE(name);
+    const BlendRun plain = run_blend(dir, 0, prompt, s.vocab, bo);
+    EXPECT_EQ(plain.st.n_full_layers, 1);
+    EXPECT_EQ(plain.st.n_selected, 5);  // ceil(0.25 x 19 candidates)
+    const BlendRun tp1 = run_blend(dir, 1, prompt, s.vocab, bo);
+    expect_blend_agree(plain, tp1, "TP=1 vs Model::forward_blend");
+    for (int world : {2, 4}) {
+      const BlendRun t = run_blend(dir, world, prompt, s.vocab, bo);
+      expect_blend_agree(tp1, t, "TP=" + std::to_string(world) + " vs TP=1");
+      EXPECT_EQ(t.logits, t.rank1_logits) << "TP=" << world << ": rank 1's logits are not rank 0's";
+    }
+  }
+  // Which rows are recomputed matters here: another ratio gives other logits.
+  BlendOptions more = one;
+  more.ratio = 0.6f;
+  const BlendRun a = run_blend(dir, 1, prompt, s.vocab, one), b = run_blend(dir, 1, prompt, s.vocab, more);
+  float diff = 0, scale = 0;
+  for (size_t i = 0; i < a.logits.size(); ++i)
+    diff = std::max(diff, std::fabs(a.logits[i] - b.logits[i])), scale = std::max(scale, std::fabs(a.logits[i]));
+  EXPECT_GT(diff, 1e-2f * std::max(scale, 1.0f)) << "the moved K/V do not change the logits: the test would not see a wrong selection";
+}

@@ -235,6 +235,19 @@ def test_kv_cache_bits_and_chunk_store_dir(tiny_dir, tmp_path):
     json.dumps(e.cache_stats())  # plain data
 
 
+def test_tp_option(stories_dir):
+    """tp=2 (tensor parallelism, docs/gpu.md) gives TP = 1's greedy tokens; a bad value or a
+    split the heads do not allow is an error that names it."""
+    one = kvboost.KVBoost.from_pretrained(stories_dir, recompute_strategy="prefix")
+    two = kvboost.KVBoost.from_pretrained(stories_dir, recompute_strategy="prefix", tp=2)
+    assert greedy(two, PROMPT, 16, ignore_eos=True).token_ids == greedy(one, PROMPT, 16, ignore_eos=True).token_ids
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(kvboost.InvalidRequestError, match="tp = .* must be an integer >= 1"):
+            kvboost.KVBoost.from_pretrained(stories_dir, tp=bad)
+    with pytest.raises(kvboost.EngineError, match="do not split over 3 ranks"):
+        kvboost.KVBoost.from_pretrained(stories_dir, tp=3)
+
+
 def test_device_option(tiny_dir):
     """device="cpu" is the default and loads; a bad value names itself; CUDA without a CUDA build
     (or without a device) is an EngineError naming the device (docs/gpu.md)."""

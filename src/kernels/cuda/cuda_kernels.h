@@ -118,6 +118,11 @@ void kv_write_slots(const float* k, const float* v, const int64_t* slots, float*
 // BlendSchedule::deviation (kvboost/model.h).
 void kv_deviation(const float* k, const float* v, const int64_t* slots, const float* k_pool, const float* v_pool,
                   float* dev, int64_t n, int64_t row, cudaStream_t s);
+// The four sums behind it, sums [n, 4] (|k - K|^2, |v - V|^2, |k|^2, |v|^2 as f32), for tensor
+// parallelism: each rank's sums over its K/V heads are all-reduced, then combined on the host
+// (BlendSchedule::deviation_of_sums). CPU reference: BlendSchedule::deviation_sums.
+void kv_deviation_sums(const float* k, const float* v, const int64_t* slots, const float* k_pool, const float* v_pool,
+                       float* sums, int64_t n, int64_t row, cudaStream_t s);
 // y[i, :] = x[idx[i], :], i < n, rows of `width` floats; idx (device) int64.
 void gather_rows(const float* x, const int64_t* idx, float* y, int64_t n, int64_t width, cudaStream_t s);
 // As kernels::rope_shift with its cos / sin table of the shift precomputed on the host

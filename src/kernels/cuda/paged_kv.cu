@@ -101,7 +101,9 @@ __global__ void simple_attention_kernel(const float* __restrict__ q, const float
 }
 
 // One warp per row (8 rows per 256-thread block): the four sums of BlendSchedule::deviation in
-// double, lanes striding the row.
+// double, lanes striding the row. kSums: the sums themselves (dev [n, 4], tensor parallelism);
+// otherwise the deviation (dev [n]).
+template <bool kSums>
 __global__ void deviation_kernel(const float* k, const float* v, const int64_t* slots, const float* kp,
                                  const float* vp, float* dev, int64_t n, int64_t row) {
   const int64_t i = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
@@ -117,7 +119,12 @@ __global__ void deviation_kernel(const float* k, const float* v, const int64_t* 
     dk2 += dk * dk, dv2 += dv * dv, k2 += kk * kk, v2 += vv * vv;
   }
   dk2 = warp_sum(dk2), dv2 = warp_sum(dv2), k2 = warp_sum(k2), v2 = warp_sum(v2);
-  if (lane == 0) dev[i] = float(dk2 / fmax(k2, 1e-30) + dv2 / fmax(v2, 1e-30));
+  if (lane != 0) return;
+  if constexpr (kSums) {
+    dev[i * 4] = float(dk2), dev[i * 4 + 1] = float(dv2), dev[i * 4 + 2] = float(k2), dev[i * 4 + 3] = float(v2);
+  } else {
+    dev[i] = float(dk2 / fmax(k2, 1e-30) + dv2 / fmax(v2, 1e-30));
+  }
 }
 
 }  // namespace
@@ -133,8 +140,16 @@ void kv_deviation(const float* k, const float* v, const int64_t* slots, const fl
                   float* dev, int64_t n, int64_t row, cudaStream_t s) {
   if (n <= 0 || row <= 0) return;
   if (n > 0x7fffffff) fail("kv_deviation: ", n, " rows");
-  deviation_kernel<<<unsigned((n + 7) / 8), 256, 0, s>>>(k, v, slots, k_pool, v_pool, dev, n, row);
+  deviation_kernel<false><<<unsigned((n + 7) / 8), 256, 0, s>>>(k, v, slots, k_pool, v_pool, dev, n, row);
   check(cudaGetLastError(), "kv_deviation");
+}
+
+void kv_deviation_sums(const float* k, const float* v, const int64_t* slots, const float* k_pool, const float* v_pool,
+                       float* sums, int64_t n, int64_t row, cudaStream_t s) {
+  if (n <= 0 || row <= 0) return;
+  if (n > 0x7fffffff) fail("kv_deviation_sums: ", n, " rows");
+  deviation_kernel<true><<<unsigned((n + 7) / 8), 256, 0, s>>>(k, v, slots, k_pool, v_pool, sums, n, row);
+  check(cudaGetLastError(), "kv_deviation_sums");
 }
 
 void gather_rows(const float* x, const int64_t* idx, float* y, int64_t n, int64_t width, cudaStream_t s) {

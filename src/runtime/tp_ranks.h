@@ -1,0 +1,72 @@
+// Internal: tensor parallelism under the engine (EngineOptions::tp, docs/gpu.md "Tensor
+// parallelism under the engine"). `world` ranks in the engine's process: rank 0 runs on the
+// caller's thread, ranks 1 .. world - 1 on threads of their own. Each rank holds its shard of the
+// model (tp_plan's rules: its heads, its slice of the MLP) and the K/V of its K/V heads for every
+// block id of the engine's kv manager, so the scheduler, the block tables and the prefix cache
+// stay one; the collectives join the ranks. On the CPU a rank is a TpShard over a
+// kv::PagedKvStorage of the shard's heads (rank 0's is the engine's store), the collectives
+// dist::ShmGroup's; on CUDA devices a rank is a gpu::PagedRunner on device first + r over NCCL
+// (shared memory through pinned host copies where NCCL was not built).
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kvboost/dist.h"
+#include "kvboost/gpu.h"
+#include "kvboost/kv.h"
+#include "kvboost/model.h"
+
+namespace kvboost {
+
+class TpRanks {
+ public:
+  struct Rank {
+    TpPlan plan;
+    std::unique_ptr<TpShard> shard;               // the CPU
+    kv::PagedKvStorage* store = nullptr;          // the CPU: the rank's K/V pools
+    std::unique_ptr<kv::PagedKvStorage> own;      // ranks 1 ..: their pools
+    std::unique_ptr<gpu::PagedRunner> dev;        // a CUDA device
+    dist::Comm comm = dist::Comm::local();
+  };
+  // Errors: tp_plan's (heads that do not split, an architecture without TP), a layer-streamed
+  // or packed model (TpShard::create), and for a device: vram_budget, a device index past the
+  // count, gpu::PagedRunner::create's.
+  TpRanks(const Model& model, int world, kv::PagedKvStorage& store0, const kernels::Device& device,
+          int64_t rows_hint, uint64_t vram_budget);
+  ~TpRanks();
+  TpRanks(const TpRanks&) = delete;
+  TpRanks& operator=(const TpRanks&) = delete;
+
+  int world() const { return int(ranks_.size()); }
+  Rank& rank(int r) { return ranks_[size_t(r)]; }
+  bool on_device() const { return on_device_; }
+  // fn(r) on every rank at once (rank 0 on this thread); returns when all have. A rank's
+  // exception aborts the group (the others' collectives throw instead of waiting), and the first
+  // rank's message is rethrown after all have stopped; the shared-memory group is then made anew
+  // so that the next call starts clean.
+  void run(const std::function<void(int)>& fn);
+
+ private:
+  void worker(int r);
+  void new_group();
+  std::vector<Rank> ranks_;
+  bool on_device_ = false;
+  std::unique_ptr<dist::ShmGroup> group_;
+  bool nccl_ = false;
+  // The team: a generation counter wakes the worker threads for each run.
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int)>* job_ = nullptr;
+  uint64_t gen_ = 0;
+  int pending_ = 0;
+  bool quit_ = false;
+  std::vector<std::string> errors_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace kvboost

@@ -1,0 +1,208 @@
+// Tensor parallelism under the engine (EngineOptions::tp; src/runtime/tp_ranks.*, runner_tp.cpp):
+// tp ranks in the engine's process, each with its shard of the model and the K/V of its heads,
+// under the one scheduler, prefix cache and chunk store. Every test compares TP = 2 and 4 with
+// TP = 1 on the same requests: batched greedy decodes, prefix-cache hits, chunk reuse in every
+// repair mode (copy-in with key re-rotation scattered to the ranks by heads, CacheBlend's
+// selection over all heads), chunks gathered from the ranks into a store that a TP = 1 engine
+// then serves, and the Errors for what does not split.
+#include "error_of.h"
+#include "kvboost/runtime.h"
+#include "testing/fixture.h"
+#include "test_util.h"
+
+using namespace kvboost;
+using kvboost::test::error_of;
+
+namespace {
+
+std::string stories() { return test::model_path("stories260K"); }
+
+const std::vector<std::string> kPrompts = {"Once upon a time", "The cat sat on the", "Lily and Ben went to the park",
+                                           "One day, a little bird"};
+
+std::unique_ptr<Engine> load(const std::string& dir, int tp, EngineOptions eo = {}) {
+  eo.tp = tp;
+  return Engine::load(dir, eo);
+}
+
+// The prompts submitted together and stepped to the end: each one's greedy ids.
+std::vector<std::vector<int32_t>> batched(Engine& e, int64_t max_new, bool prefix_cache = false) {
+  GenerateOptions o;
+  o.max_new_tokens = max_new;
+  o.prefix_cache = prefix_cache;
+  o.sampling.temperature = 0.0f;
+  o.ignore_eos = true;
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (const auto& p : kPrompts) reqs.push_back(e.submit(e.tokenizer().encode(p, true), o));
+  int64_t max_decode = 0;
+  while (e.has_work()) max_decode = std::max(max_decode, e.step().n_decode);
+  EXPECT_EQ(max_decode, int64_t(kPrompts.size())) << "the requests did not decode in the same passes";
+  std::vector<std::vector<int32_t>> out;
+  for (auto& r : reqs) {
+    EXPECT_TRUE(r->done());
+    EXPECT_TRUE(r->result().error.empty()) << r->result().error;
+    out.push_back(r->result().output_ids);
+  }
+  return out;
+}
+
+const std::string kSys = "You are a helpful assistant who tells short stories.";
+const std::string kDocA = "Tom had a red ball. He liked to play with it in the park every day after lunch. ";
+const std::string kDocB = "Sue saw a big dog. The dog was happy and ran to her with a stick in its mouth. ";
+
+// System prompt, two documents, a question; segment starts between them.
+std::vector<int32_t> rag(const Engine& e, const std::string& d1, const std::string& d2, std::vector<int64_t>* segs) {
+  const Tokenizer& t = e.tokenizer();
+  std::vector<int32_t> ids = t.encode(kSys, true);
+  segs->assign({int64_t(ids.size())});
+  for (const std::string* d : {&d1, &d2}) {
+    const auto x = t.encode(*d + *d + *d, false);
+    ids.insert(ids.end(), x.begin(), x.end());
+    segs->push_back(int64_t(ids.size()));
+  }
+  const auto q = t.encode(" What did they do?", false);
+  ids.insert(ids.end(), q.begin(), q.end());
+  return ids;
+}
+
+GenerateOptions reuse_opts(const std::vector<int64_t>& segs, ReuseMode m) {
+  GenerateOptions o;
+  o.max_new_tokens = 16;
+  o.ignore_eos = true;
+  o.sampling.temperature = 0.0f;
+  o.segment_starts = segs;
+  o.reuse.mode = m;
+  return o;
+}
+
+EngineOptions chunked() {
+  EngineOptions eo;
+  eo.chunk_size = 16;
+  return eo;
+}
+
+}  // namespace
+
+TEST(EngineTp, BatchedGreedyDecodesMatchTp1) {
+  KVBOOST_REQUIRE_PATH(stories());
+  const auto want = batched(*load(stories(), 1), 40);
+  for (int tp : {2, 4}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    auto e = load(stories(), tp);
+    EXPECT_EQ(batched(*e, 40), want);
+    EXPECT_EQ(e->kv_stats().blocks_used, 0);
+  }
+}
+
+// The prompt's blocks committed by one request are the next one's prefix hit: the ranks' K/V
+// of those blocks (each its heads) are what the second request attends to.
+TEST(EngineTp, PrefixCacheHitsGiveTheSameOutput) {
+  KVBOOST_REQUIRE_PATH(stories());
+  GenerateOptions o;
+  o.max_new_tokens = 24;
+  o.sampling.temperature = 0.0f;
+  o.ignore_eos = true;
+  const std::string p = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun.";
+  auto one = load(stories(), 1);
+  const GenerateResult ref = one->generate(p, o);
+  auto e = load(stories(), 2);
+  const GenerateResult first = e->generate(p, o), second = e->generate(p, o);
+  EXPECT_EQ(first.output_ids, ref.output_ids);
+  EXPECT_EQ(second.output_ids, ref.output_ids);
+  EXPECT_GT(second.n_cached, 16) << "no prefix hit";
+}
+
+// Documents cached in one order, asked in the other: copy-in at new positions (keys re-rotated
+// on every rank), then each repair mode; the same output and the same reuse counts as TP = 1.
+TEST(EngineTp, ReorderedChunkReuseMatchesTp1InEveryMode) {
+  KVBOOST_REQUIRE_PATH(stories());
+  for (ReuseMode m : {ReuseMode::kNone, ReuseMode::kSelective, ReuseMode::kCacheBlend, ReuseMode::kAuto}) {
+    SCOPED_TRACE(reuse_mode_name(m));
+    std::vector<GenerateResult> got;
+    for (int tp : {1, 2}) {
+      auto e = load(stories(), tp, chunked());
+      std::vector<int64_t> segs;
+      e->warm(rag(*e, kDocA, kDocB, &segs), segs);
+      const std::vector<int32_t> ids = rag(*e, kDocB, kDocA, &segs);
+      got.push_back(e->generate_ids(ids, reuse_opts(segs, m)));
+      EXPECT_GT(got.back().n_reused, 32) << "tp " << tp << ": the documents were not reused";
+    }
+    EXPECT_EQ(got[1].output_ids, got[0].output_ids);
+    EXPECT_EQ(got[1].n_reused, got[0].n_reused);
+    EXPECT_EQ(got[1].n_cached, got[0].n_cached);
+  }
+}
+
+// Chunks computed under TP = 2 are gathered from both ranks' heads into the store; a TP = 1
+// engine sharing the store serves the whole prompt from them, and answers as from its own.
+TEST(EngineTp, ChunksStoredUnderTpServeATp1Engine) {
+  KVBOOST_REQUIRE_PATH(stories());
+  std::vector<int64_t> segs;
+  std::vector<int32_t> ids;
+  std::vector<int32_t> own;  // TP = 1 from chunks it stored itself
+  {
+    auto e = load(stories(), 1, chunked());
+    ids = rag(*e, kDocA, kDocB, &segs);
+    e->warm(ids, segs);
+    own = e->generate_ids(ids, reuse_opts(segs, ReuseMode::kPrefixOnly)).output_ids;
+  }
+  auto probe = load(stories(), 1, chunked());
+  kv::ChunkStoreOptions so;
+  so.ram_bytes = size_t(64) << 20;
+  auto shared = std::make_shared<kv::ChunkStore>(probe->chunk_store()->shape(), so);
+  EngineOptions eo = chunked();
+  eo.shared_chunk_store = shared;
+  auto tp2 = load(stories(), 2, eo);
+  tp2->warm(ids, segs);
+  ASSERT_GT(shared->stats().entries, 3);
+  auto tp1 = load(stories(), 1, eo);
+  GenerateOptions o = reuse_opts(segs, ReuseMode::kNone);  // the stored K/V as they are
+  o.reuse.store = false;
+  const GenerateResult r = tp1->generate_ids(ids, o);
+  EXPECT_GE(r.n_reused, int64_t(ids.size()) - 16) << "the TP = 1 engine did not use TP = 2's chunks";
+  EXPECT_EQ(r.output_ids, own);
+}
+
+// Other layer layouts: q/k/v biases split by rows (qwen2), q/k norms (qwen3).
+TEST(EngineTp, FixtureArchitecturesMatchTp1) {
+  for (const std::string arch : {"qwen2", "qwen3"}) {
+    SCOPED_TRACE(arch);
+    FixtureSpec s = fixture_preset("tiny");  // 8 heads over 4 K/V heads
+    s.arch = arch;
+    s.init_std = 0.08f;  // logits far from a tie
+    const std::string dir = test::make_temp_dir("engine_tp_" + arch);
+    write_fixture_model(dir, s);
+    GenerateOptions o;
+    o.max_new_tokens = 16;
+    o.sampling.temperature = 0.0f;
+    o.ignore_eos = true;
+    const std::string p = "Hello there, this is a test of the shards.";
+    const GenerateResult ref = load(dir, 1)->generate(p, o);
+    for (int tp : {2, 4}) EXPECT_EQ(load(dir, tp)->generate(p, o).output_ids, ref.output_ids) << "tp " << tp;
+  }
+}
+
+TEST(EngineTp, WhatDoesNotSplitIsAClearError) {
+  KVBOOST_REQUIRE_PATH(stories());
+  const std::string e3 = error_of([&] { load(stories(), 3); });
+  EXPECT_NE(e3.find("8 attention heads and 4 K/V heads do not split over 3 ranks"), std::string::npos) << e3;
+  EXPECT_NE(e3.find("stories260K"), std::string::npos) << e3;
+  EXPECT_NE(error_of([&] { load(stories(), 0); }).find("tp (--tp) 0: tensor parallelism needs 1 .. 64 ranks"),
+            std::string::npos);
+  EngineOptions cold;
+  cold.cold_dir = test::make_temp_dir("engine_tp_cold");
+  EXPECT_NE(error_of([&] { load(stories(), 2, cold); }).find("with a cold tier (cold_dir, --kv-cold-dir) is not supported"),
+            std::string::npos);
+  EngineOptions streamed;
+  streamed.load.weight_budget = 1 << 20;
+  EXPECT_NE(error_of([&] { load(stories(), 2, streamed); }).find("with layer streaming (weight_budget, --weight-budget)"),
+            std::string::npos);
+}
+
+// Gemma 3's sandwich norms are not in the TP layer: refused by name, before any rank is made.
+TEST(EngineTp, Gemma3IsAClearError) {
+  const std::string g = test::gemma3_path();
+  KVBOOST_REQUIRE_PATH(g);
+  const std::string eg = error_of([&] { load(g, 2); });
+  EXPECT_NE(eg.find("model_type \"gemma3\" is not supported (llama, mistral, qwen2, qwen3)"), std::string::npos) << eg;
+}
