@@ -20,7 +20,7 @@ source scripts/sanitizer_build.sh
 
 targets=(test_server test_http_hostile test_runtime test_kv test_tokenizer test_chat
          test_bad_input test_api_extra test_remote_store test_remote_server test_runtime_stream test_grammar
-         test_common test_thread_pool)
+         test_common test_thread_pool test_runtime_tp)
 start=$SECONDS
 san_build "${targets[@]}"
 echo "[sanitize] built in $((SECONDS - start)) s"

@@ -2,7 +2,8 @@
 # A ThreadSanitizer build (clang-14 -fsanitize=thread, build-tsan/) of the tests where threads meet:
 # the HTTP server's event loop and handler pool over real loopback HTTP (test_server,
 # test_http_hostile, test_api_extra), the engine's scheduler and streams (test_runtime,
-# test_runtime_stream; test_layer_stream: the layer reader thread), the thread pool, the chunk
+# test_runtime_stream; test_runtime_tp: tensor parallelism's rank threads; test_layer_stream: the layer
+# reader thread), the thread pool, the chunk
 # store and KV cache (test_kv), and the remote chunk tier against a real redis-server
 # (test_remote_store, test_remote_server). No Python.
 # A data race, a lock-order inversion or any other TSan report fails the test that showed it.
@@ -10,13 +11,13 @@
 #   scripts/tsan.sh [extra ctest args...]
 #
 # Environment: KVBOOST_TSAN_BUILD_DIR (default build-tsan), KVBOOST_JOBS (default nproc),
-#   KVBOOST_TSAN_TARGETS (default: the ten executables below).
+#   KVBOOST_TSAN_TARGETS (default: the eleven executables below).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 build_dir="${KVBOOST_TSAN_BUILD_DIR:-build-tsan}"
 jobs="${KVBOOST_JOBS:-$(nproc)}"
-targets=(test_server test_http_hostile test_api_extra test_runtime test_runtime_stream test_layer_stream
+targets=(test_server test_http_hostile test_api_extra test_runtime test_runtime_stream test_runtime_tp test_layer_stream
          test_thread_pool test_kv test_remote_store test_remote_server)
 # KVBOOST_TSAN_TARGETS="a b ...": only these test executables (CI's bounded stage runs the core).
 [[ -n "${KVBOOST_TSAN_TARGETS:-}" ]] && read -r -a targets <<< "$KVBOOST_TSAN_TARGETS"

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "engine_impl.h"
 #include "request.h"
@@ -124,6 +125,21 @@ std::unique_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions
   if (!gguf.empty()) {
     const size_t slash = gguf.find_last_of('/');
     tok_dir = slash == std::string::npos ? "." : gguf.substr(0, slash);
+  }
+  if (opt.tp > 1) {
+    // The split before anything large is read (a model's own load errors come from Model::load).
+    std::optional<ModelConfig> cfg;
+    try {
+      cfg = gguf.empty() ? ModelConfig::from_dir(dir) : ModelConfig::from_gguf(gguf);
+    } catch (const Error&) {
+    }
+    if (cfg) {
+      try {
+        tp_plan(*cfg, 0, opt.tp);
+      } catch (const Error& e) {
+        fail(dir, ": ", e.what());
+      }
+    }
   }
   Tokenizer tok = [&] {
     if (gguf.empty() || file_exists(path_join(tok_dir, "tokenizer.json"))) return Tokenizer::from_dir(tok_dir);

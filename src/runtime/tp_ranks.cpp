@@ -41,27 +41,35 @@ TpRanks::TpRanks(const Model& model, int world, kv::PagedKvStorage& store0, cons
   if (!on_device_) return;
   // Device ranks: NCCL's communicators are made by every rank at once (ncclCommInitRank waits
   // for the group), rank 0's unique id shared in this process.
-  const dist::NcclId id = nccl_ ? dist::nccl_unique_id() : dist::NcclId{};
-  run([&](int r) {
-    Rank& k = ranks_[size_t(r)];
-    const int dev = device.index + r;
-    if (nccl_) k.comm = dist::nccl_comm(id, r, world, dev);
-    gpu::PagedRunnerOptions o;
-    o.device = dev;
-    o.pool = gpu::PoolLayout{store0.n_layers(), store0.n_blocks(), store0.block_size(), nkv, store0.head_dim()};
-    o.rows_hint = rows_hint;
-    o.comm = k.comm;
-    k.dev = gpu::PagedRunner::create(model, o);
-  });
+  try {
+    const dist::NcclId id = nccl_ ? dist::nccl_unique_id() : dist::NcclId{};
+    run([&](int r) {
+      Rank& k = ranks_[size_t(r)];
+      const int dev = device.index + r;
+      if (nccl_) k.comm = dist::nccl_comm(id, r, world, dev);
+      gpu::PagedRunnerOptions o;
+      o.device = dev;
+      o.pool = gpu::PoolLayout{store0.n_layers(), store0.n_blocks(), store0.block_size(), nkv, store0.head_dim()};
+      o.rows_hint = rows_hint;
+      o.comm = k.comm;
+      k.dev = gpu::PagedRunner::create(model, o);
+    });
+  } catch (...) {
+    release();  // no destructor runs for a constructor that throws: the threads and devices go here
+    throw;
+  }
 }
 
-TpRanks::~TpRanks() {
+TpRanks::~TpRanks() { release(); }
+
+void TpRanks::release() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     quit_ = true;
   }
   cv_.notify_all();
   for (auto& t : threads_) t.join();
+  threads_.clear();
   for (Rank& k : ranks_) {
     k.dev.reset();  // before its NCCL stream goes
     if (k.comm.backend() == dist::Backend::Nccl) dist::nccl_destroy(k.comm);

@@ -53,6 +53,7 @@ class TpRanks {
 
  private:
   void worker(int r);
+  void release();  // stops the threads, then the device runners and their communicators
   void new_group();
   std::vector<Rank> ranks_;
   bool on_device_ = false;

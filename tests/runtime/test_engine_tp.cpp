@@ -9,6 +9,7 @@
 #include "kvboost/runtime.h"
 #include "testing/fixture.h"
 #include "test_util.h"
+#include "tp_ranks.h"  // src/runtime
 
 using namespace kvboost;
 using kvboost::test::error_of;
@@ -205,4 +206,43 @@ TEST(EngineTp, Gemma3IsAClearError) {
   KVBOOST_REQUIRE_PATH(g);
   const std::string eg = error_of([&] { load(g, 2); });
   EXPECT_NE(eg.find("model_type \"gemma3\" is not supported (llama, mistral, qwen2, qwen3)"), std::string::npos) << eg;
+}
+
+// The rank team itself: a rank that fails while the others wait in a collective aborts the
+// group (no wait for the collective's timeout), its own message is the error, and the next call
+// runs on a fresh group with every rank in step.
+TEST(EngineTp, AFailingRankIsTheErrorAndTheNextCallRuns) {
+  KVBOOST_REQUIRE_PATH(stories());
+  LoadOptions lo;
+  lo.pack_weights = false;
+  auto m = Model::load(stories(), lo);
+  const ModelConfig& c = m->config();
+  kv::PagedKvStorage store(4, 16, c.n_layers, c.n_kv_heads / 2, c.head_dim);
+  TpRanks ranks(*m, 2, store, kernels::Device{}, 64, 0);
+  ASSERT_EQ(ranks.world(), 2);
+  const double t0 = now_ms();
+  const std::string e = error_of([&] {
+    ranks.run([&](int r) {
+      if (r == 1) fail("rank one could not go on");
+      float x = 1;
+      ranks.rank(r).comm.all_reduce_sum(&x, 1);  // rank 0 waits here for rank 1
+    });
+  });
+  EXPECT_EQ(e, "rank one could not go on");
+  EXPECT_LT(now_ms() - t0, 10'000.0) << "rank 0 waited for the collective's timeout";
+  for (int round = 0; round < 3; ++round) {
+    std::vector<float> got(2, 0.0f);
+    ranks.run([&](int r) {
+      float x = float(r + 1);
+      ranks.rank(r).comm.all_reduce_sum(&x, 1);
+      got[size_t(r)] = x;
+    });
+    EXPECT_EQ(got, (std::vector<float>{3.0f, 3.0f})) << "round " << round;
+  }
+  EXPECT_NE(error_of([&] { TpRanks(*m, 3, store, kernels::Device{}, 64, 0); }).find("do not split over 3 ranks"),
+            std::string::npos);
+  kv::PagedKvStorage whole(4, 16, c.n_layers, c.n_kv_heads, c.head_dim);
+  EXPECT_NE(error_of([&] { TpRanks(*m, 2, whole, kernels::Device{}, 64, 0); })
+                .find("the engine's K/V pools hold 4 K/V heads; a rank of 2 holds 2"),
+            std::string::npos);
 }
