@@ -74,6 +74,32 @@ float BlendSchedule::deviation(const float* k, const float* v, const float* ck, 
   return deviation_of_sums(s);
 }
 
+namespace blocks {
+
+void keep_rows(const detail::ModelImpl& mi, const ModelConfig& c, const std::vector<uint8_t>& keep, int64_t n_past,
+               std::vector<int64_t>& tok, Rows& rows, Work& w) {
+  const int64_t H = c.hidden_size;
+  int64_t m = 0;
+  for (uint8_t x : keep) m += x;
+  Rows next;
+  Work w2;
+  w2.resize(c, m, false);
+  std::vector<int64_t> next_tok;
+  for (size_t r = 0; r < tok.size(); ++r) {
+    if (!keep[r]) continue;
+    next.add(0, n_past + tok[r]);
+    std::memcpy(&w2.x[size_t(int64_t(next_tok.size()) * H)], &w.x[r * size_t(H)], size_t(H) * sizeof(float));
+    next_tok.push_back(tok[r]);
+  }
+  rope_tables(mi.inv_freq, mi.inv_freq_local, next, w2);
+  w2.mats = w.mats;
+  w = std::move(w2);
+  rows = std::move(next);
+  tok = std::move(next_tok);
+}
+
+}  // namespace blocks
+
 BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& view, const BlendOptions& opt,
                                 float* logits) const {
   const ModelConfig& c = cfg_;
@@ -126,24 +152,7 @@ BlendStats Model::forward_blend(const int32_t* tokens, int64_t n, const KvView& 
       measured_layer = l;
       run_layer(mi, c, l, &seq, rows, w, &measure, /*kv_only=*/true);
       int64_t n_sel = 0;
-      const std::vector<uint8_t> keep = sched.select(l, tok, dev, &n_sel);
-      int64_t m = 0;
-      for (uint8_t x : keep) m += x;
-      Rows next;
-      Work w2;
-      w2.resize(c, m, false);
-      std::vector<int64_t> next_tok;
-      for (size_t r = 0; r < tok.size(); ++r) {
-        if (!keep[r]) continue;
-        next.add(0, kv.n_past + tok[r]);
-        std::memcpy(&w2.x[size_t(int64_t(next_tok.size()) * H)], &w.x[r * size_t(H)], size_t(H) * sizeof(float));
-        next_tok.push_back(tok[r]);
-      }
-      rope_tables(mi.inv_freq, mi.inv_freq_local, next, w2);
-      w2.mats = w.mats;
-      w = std::move(w2);
-      rows = std::move(next);
-      tok = std::move(next_tok);
+      keep_rows(mi, c, sched.select(l, tok, dev, &n_sel), kv.n_past, tok, rows, w);
       n_kept = n_sel;
     }
     run_layer(mi, c, l, &seq, rows, w, nullptr);

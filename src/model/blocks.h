@@ -136,6 +136,12 @@ void embed_batch(const detail::ModelImpl& mi, const ModelConfig& c, const SeqBat
 void batch_logits(const detail::ModelImpl& mi, const ModelConfig& c, const SeqBatch* seqs, int64_t n_seqs,
                   const Work& w);
 
+// CacheBlend's compaction after a selection (Model::forward_blend, TpShard::forward_blend): the
+// rows `keep` marks -- token indices tok[r], positions n_past + tok[r] -- and their residuals
+// become the pass's rows, Work (of c's shapes; w.mats kept) and RoPE tables; tok keeps theirs.
+void keep_rows(const detail::ModelImpl& mi, const ModelConfig& c, const std::vector<uint8_t>& keep, int64_t n_past,
+               std::vector<int64_t>& tok, Rows& rows, Work& w);
+
 // The view with the model's row width filled in (KvView leaves it 0 by default); Error naming
 // the sequence when the view was built for another row width.
 KvView model_view(const ModelConfig& c, const KvView& kv, int64_t seq);

@@ -252,23 +252,7 @@ BlendStats TpShard::forward_blend(const int32_t* tokens, int64_t n, const KvView
         if (sched.is_candidate(tok[r])) dev[r] = BlendSchedule::deviation_of_sums(d);
       }
       int64_t n_sel = 0;
-      const std::vector<uint8_t> keep = sched.select(l, tok, dev, &n_sel);
-      int64_t m = 0;
-      for (uint8_t x : keep) m += x;
-      blocks::Rows next;
-      blocks::Work w2;
-      w2.resize(cfg_, m, false);
-      std::vector<int64_t> next_tok;
-      for (size_t r = 0; r < tok.size(); ++r) {
-        if (!keep[r]) continue;
-        next.add(0, kv.n_past + tok[r]);
-        std::memcpy(&w2.x[size_t(int64_t(next_tok.size()) * H)], &w.x[r * size_t(H)], size_t(H) * sizeof(float));
-        next_tok.push_back(tok[r]);
-      }
-      blocks::rope_tables(mi.inv_freq, mi.inv_freq_local, next, w2);
-      w = std::move(w2);
-      rows = std::move(next);
-      tok = std::move(next_tok);
+      blocks::keep_rows(mi, cfg_, sched.select(l, tok, dev, &n_sel), kv.n_past, tok, rows, w);
       n_kept = n_sel;
     }
     tp_layer(cfg_, L, l, &seq, rows, w, nullptr, false, comm);
