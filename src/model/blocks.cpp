@@ -2,6 +2,8 @@
 // the one flag-driven decoder made before the per-architecture split: logits are bit-identical.
 #include "blocks.h"
 
+#include "kvboost/dist.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -114,7 +116,10 @@ void attention(LayerPass& p) {
   }
 }
 
-void output_projection(LayerPass& p) { linear(p.w.att.data(), p.wo, bias(p.L.o_bias), p.w.h.data(), p.n); }
+void output_projection(LayerPass& p) {
+  linear(p.w.att.data(), p.wo, bias(p.L.o_bias), p.w.h.data(), p.n);
+  if (p.tp) p.tp->all_reduce_sum(p.w.h.data(), p.n * p.c.hidden_size);  // the rank's heads' share of O
+}
 
 void post_norm(LayerPass& p, const std::vector<float>& weight) {
   kernels::rms_norm(p.w.h.data(), weight.data(), p.w.h.data(), p.n, p.c.hidden_size, p.eps);
@@ -135,6 +140,7 @@ void gated_mlp(LayerPass& p, Activation act) {
   else
     kernels::silu_mul(w.gate.data(), w.up.data(), w.gate.data(), p.n * I);
   linear(w.gate.data(), p.w_down, nullptr, w.h.data(), p.n);
+  if (p.tp) p.tp->all_reduce_sum(w.h.data(), p.n * p.c.hidden_size);  // its intermediate slice's share of down
 }
 
 }  // namespace kvboost::blocks

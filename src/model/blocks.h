@@ -11,6 +11,10 @@
 
 #include "model_impl.h"
 
+namespace kvboost::dist {
+class Comm;  // kvboost/dist.h
+}
+
 namespace kvboost::blocks {
 
 // A contiguous run of positions of one sequence among the rows of a pass: attention is one
@@ -77,6 +81,10 @@ struct LayerPass {
   bool kv_only;  // stop after writing K/V (no queries, attention or MLP)
   int64_t n;     // rows
   float eps;
+  // Tensor parallelism (TpShard): the layer's weights are one rank's shard, and the row-parallel
+  // projections' partial sums are all-reduced over it at the end of output_projection and of
+  // gated_mlp, before anything (a residual add, a post norm) reads them. Null: the whole model.
+  dist::Comm* tp = nullptr;
 };
 
 // y [M, w.rows] = x [M, w.cols] · wᵀ (+ bias [w.rows]), in whichever layout the weight is held.
@@ -102,14 +110,14 @@ bool write_kv(LayerPass& p);
 // paged in range by range and merged by log-sum-exp. Scale 1/sqrt(query_pre_attn_scalar or
 // head_dim); the layer's sliding window applies.
 void attention(LayerPass& p);
-// h = att · Wo (+ o bias).
+// h = att · Wo (+ o bias); summed over the ranks under tensor parallelism.
 void output_projection(LayerPass& p);
 // h = RMSNorm(h) with `weight` in place (sandwich norms' post norms).
 void post_norm(LayerPass& p, const std::vector<float>& weight);
 // x += h; h = RMSNorm(x) with the layer's MLP input norm.
 void residual_norm(LayerPass& p);
 enum class Activation { Silu, GeluTanh };
-// h = down(act(gate(h)) * up(h)).
+// h = down(act(gate(h)) * up(h)); summed over the ranks under tensor parallelism.
 void gated_mlp(LayerPass& p, Activation act);
 // The layer's output h joins the residual stream in the next norm (see Work).
 inline void end_layer(LayerPass& p) { p.w.pending = true; }

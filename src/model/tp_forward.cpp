@@ -1,9 +1,10 @@
 // Tensor-parallel forward on the shared blocks (kvboost/model.h TpShard; Megatron-LM's split:
-// Shoeybi et al. 2019, section 3). Per layer, each rank runs the Llama-family layer of blocks.h
-// on its shard — its heads' Q/K/V rows and Wo columns, its slice of gate/up rows and down
-// columns — and the two row-parallel projections (O, down) produce partial sums that
-// comm.all_reduce_sum completes before they join the residual stream. Every other step (norms,
-// residual adds, the head) is replicated, so all ranks keep identical activations.
+// Shoeybi et al. 2019, section 3). Per layer, each rank runs its architecture's own layer
+// function (arch/*.cpp, built from the blocks of blocks.h) on its shard — its heads' Q/K/V rows
+// and Wo columns, its slice of gate/up rows and down columns — and the two row-parallel
+// projections (O, down) produce partial sums that the blocks complete with comm.all_reduce_sum
+// (LayerPass::tp) before they join the residual stream. Every other step (norms, residual adds,
+// the head) is replicated, so all ranks keep identical activations.
 #include <cstring>
 
 #include "blocks.h"
@@ -102,13 +103,11 @@ std::unique_ptr<TpShard> TpShard::create(const Model& m, int rank, int world) {
     for (const Weight* w : detail::layer_mats(L))
       if (w->packed)
         fail("tensor parallel: layer ", l, " holds packed matrices; load the model with LoadOptions::pack_weights = false");
-    detail::LayerWeights S;
-    S.attn_norm = L.attn_norm, S.mlp_norm = L.mlp_norm, S.q_norm = L.q_norm, S.k_norm = L.k_norm;
-    S.window = L.window;
+    detail::LayerWeights S = L;  // norms (q/k, sandwich ones too) and the window whole; the rest sliced
     S.q_bias = vec_slice(L.q_bias, q0, q1);
     S.k_bias = vec_slice(L.k_bias, k0, k1);
     S.v_bias = vec_slice(L.v_bias, k0, k1);
-    if (plan.o_bias) S.o_bias = L.o_bias;  // added once: the all-reduce sums every rank's output
+    if (!plan.o_bias) S.o_bias.clear();  // added once, on rank 0: the all-reduce sums every rank's output
     S.wq = row_slice(L.wq, q0, q1);
     S.wk = row_slice(L.wk, k0, k1);
     S.wv = row_slice(L.wv, k0, k1);
@@ -123,27 +122,17 @@ std::unique_ptr<TpShard> TpShard::create(const Model& m, int rank, int world) {
 
 namespace {
 
-// Layer l of a shard over `rows`: the Llama-family layer (arch/llama.cpp, arch/qwen3.cpp) with
-// the two all-reduces. before_write / kv_only as blocks::LayerPass (kv_only: no all-reduce, the
-// pass stops after the K/V write).
-void tp_layer(const ModelConfig& cfg, const detail::LayerWeights& L, int64_t l, const SeqBatch* s,
-              const blocks::Rows& rows, blocks::Work& w, const blocks::BeforeWrite* before_write, bool kv_only,
-              dist::Comm& comm) {
-  const int64_t n = rows.size(), H = cfg.hidden_size;
+// Layer l of a shard over `rows`: the architecture's own layer function (arch/*.cpp) on the
+// shard's weights and shapes, with LayerPass::tp set, so that the blocks all-reduce the O and
+// down projections' partial sums. before_write / kv_only as blocks::LayerPass (kv_only: the
+// layer stops after the K/V write, before any all-reduce).
+void tp_layer(const detail::ModelImpl& mi, const ModelConfig& cfg, const detail::LayerWeights& L, int64_t l,
+              const SeqBatch* s, const blocks::Rows& rows, blocks::Work& w, const blocks::BeforeWrite* before_write,
+              bool kv_only, dist::Comm& comm) {
   blocks::LayerPass p{cfg, l, L, L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down, s, rows, w, before_write, kv_only,
-                      n, float(cfg.rms_norm_eps)};
-  blocks::input_norm(p);
-  blocks::qkv_projection(p);
-  if (cfg.qk_norm) blocks::qk_norm(p);
-  blocks::rope(p, /*local=*/false);
-  if (!blocks::write_kv(p)) return;
-  blocks::attention(p);
-  blocks::output_projection(p);
-  comm.all_reduce_sum(w.h.data(), n * H);
-  blocks::residual_norm(p);
-  blocks::gated_mlp(p, blocks::Activation::Silu);
-  comm.all_reduce_sum(w.h.data(), n * H);
-  blocks::end_layer(p);
+                      rows.size(), float(cfg.rms_norm_eps)};
+  p.tp = &comm;
+  mi.arch->layer(p);
 }
 
 void check_comm(const dist::Comm& comm, int rank, int world) {
@@ -173,7 +162,7 @@ void TpShard::forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logi
   w.resize(cfg_, n, false);
   blocks::embed(mi, full, tokens, n, w.x.data());
   blocks::rope_tables(mi.inv_freq, mi.inv_freq_local, rows, w);
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) tp_layer(cfg_, layers_[size_t(l)], l, &s, rows, w, nullptr, false, comm);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) tp_layer(mi, cfg_, layers_[size_t(l)], l, &s, rows, w, nullptr, false, comm);
   kv.set_size(kv.size() + n);
   if (!logits) return;
   const int64_t m = all_logits ? n : 1;
@@ -195,7 +184,7 @@ void TpShard::forward_batch(const SeqBatch* in, int64_t n_seqs, dist::Comm& comm
   blocks::Work w;
   w.resize(cfg_, rows.size(), false);
   blocks::embed_batch(mi, cfg_, seqs, n_seqs, rows, w);
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) tp_layer(cfg_, layers_[size_t(l)], l, seqs, rows, w, nullptr, false, comm);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) tp_layer(mi, cfg_, layers_[size_t(l)], l, seqs, rows, w, nullptr, false, comm);
   blocks::batch_logits(mi, cfg_, seqs, n_seqs, w);
 }
 
@@ -222,7 +211,7 @@ BlendStats TpShard::forward_blend(const int32_t* tokens, int64_t n, const KvView
   const BlendSchedule sched(opt, n, cfg_.n_layers);
   const int64_t check = sched.check_layer();
   BlendStats st;
-  for (int64_t l = 0; l < check; ++l) tp_layer(cfg_, layers_[size_t(l)], l, &seq, rows, w, nullptr, false, comm);
+  for (int64_t l = 0; l < check; ++l) tp_layer(mi, cfg_, layers_[size_t(l)], l, &seq, rows, w, nullptr, false, comm);
   std::vector<int64_t> tok(static_cast<size_t>(n));  // token index of each current row
   for (int64_t t = 0; t < n; ++t) tok[size_t(t)] = t;
   int64_t n_kept = sched.n_candidates();
@@ -244,7 +233,7 @@ BlendStats TpShard::forward_blend(const int32_t* tokens, int64_t n, const KvView
     const detail::LayerWeights& L = layers_[size_t(l)];
     if (sched.selects_at(l, n_kept)) {
       measured_layer = l;
-      tp_layer(cfg_, L, l, &seq, rows, w, &measure, /*kv_only=*/true, comm);
+      tp_layer(mi, cfg_, L, l, &seq, rows, w, &measure, /*kv_only=*/true, comm);
       comm.all_reduce_sum(sums.data(), int64_t(sums.size()));
       dev.assign(tok.size(), 0.0f);
       for (size_t r = 0; r < tok.size(); ++r) {
@@ -255,7 +244,7 @@ BlendStats TpShard::forward_blend(const int32_t* tokens, int64_t n, const KvView
       blocks::keep_rows(mi, cfg_, sched.select(l, tok, dev, &n_sel), kv.n_past, tok, rows, w);
       n_kept = n_sel;
     }
-    tp_layer(cfg_, L, l, &seq, rows, w, nullptr, false, comm);
+    tp_layer(mi, cfg_, L, l, &seq, rows, w, nullptr, false, comm);
     st.n_row_layers += rows.size();
   }
   st.n_selected = n_kept;
