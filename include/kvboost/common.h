@@ -101,6 +101,24 @@ bool amx_request_permission();
 // cores); set_num_threads resizes the pool and OpenMP's team (still used outside the kernels).
 int num_threads();
 void set_num_threads(int n);
+// A pool of its own for some threads (tensor parallelism's ranks, each on a share of the cores):
+// on a thread bound to a team (bind_thread_team), num_threads() is the team's size and
+// parallel_run runs on the team's workers instead of the process's pool. A team of n holds n - 1
+// workers; it must outlive every thread's binding to it.
+class ThreadTeam {
+ public:
+  explicit ThreadTeam(int n);
+  ~ThreadTeam();
+  ThreadTeam(const ThreadTeam&) = delete;
+  ThreadTeam& operator=(const ThreadTeam&) = delete;
+  int size() const;
+  void* pool() const { return pool_; }
+
+ private:
+  void* pool_ = nullptr;  // thread_pool.cpp's Pool
+};
+// This thread's kernels use `team` (nullptr: the process's pool again); returns the previous one.
+ThreadTeam* bind_thread_team(ThreadTeam* team);
 
 // Runs fn(ctx, tid, n) for tid = 0 .. n - 1 on n = clamp(n_threads, 1, num_threads()) threads
 // (the caller runs tid 0) and returns when every one has returned. Workers spin briefly after a

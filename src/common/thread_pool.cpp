@@ -175,19 +175,39 @@ class Pool {
   std::vector<std::thread> workers_;
 };
 
-Pool& pool() {
+Pool& process_pool() {
   static Pool p;
   return p;
 }
 
+thread_local ThreadTeam* t_team = nullptr;
+
+// This thread's pool: its team's, else the process's.
+Pool& pool() { return t_team ? *static_cast<Pool*>(t_team->pool()) : process_pool(); }
+
 }  // namespace
+
+ThreadTeam::ThreadTeam(int n) {
+  auto* p = new Pool();
+  p->resize(std::max(1, n));
+  pool_ = p;
+}
+ThreadTeam::~ThreadTeam() { delete static_cast<Pool*>(pool_); }
+int ThreadTeam::size() const { return static_cast<Pool*>(pool_)->size(); }
+
+ThreadTeam* bind_thread_team(ThreadTeam* team) {
+  ThreadTeam* old = t_team;
+  t_team = team;
+  omp_set_num_threads(team ? team->size() : process_pool().size());  // this thread's OpenMP regions too
+  return old;
+}
 
 int num_threads() { return pool().size(); }
 
 void set_num_threads(int n) {
   if (n <= 0) return;
   omp_set_num_threads(n);
-  pool().resize(n);
+  process_pool().resize(n);
 }
 
 void parallel_run(int n_threads, void (*fn)(void* ctx, int tid, int n), void* ctx) {

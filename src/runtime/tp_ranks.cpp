@@ -1,6 +1,7 @@
 // Tensor parallelism under the engine: the ranks and their team of threads (tp_ranks.h).
 #include "tp_ranks.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -37,6 +38,10 @@ TpRanks::TpRanks(const Model& model, int world, kv::PagedKvStorage& store0, cons
     }
   }
   if (!nccl_) new_group();
+  if (!on_device_) {
+    const int share = std::max(1, num_threads() / world);
+    for (int r = 0; r < world; ++r) teams_.push_back(std::make_unique<ThreadTeam>(share));
+  }
   for (int r = 1; r < world; ++r) threads_.emplace_back([this, r] { worker(r); });
   if (!on_device_) return;
   // Device ranks: NCCL's communicators are made by every rank at once (ncclCommInitRank waits
@@ -82,6 +87,7 @@ void TpRanks::new_group() {
 }
 
 void TpRanks::worker(int r) {
+  if (!teams_.empty()) bind_thread_team(teams_[size_t(r)].get());
   uint64_t seen = 0;
   for (;;) {
     const std::function<void(int)>* job = nullptr;
@@ -117,6 +123,7 @@ void TpRanks::run(const std::function<void(int)>& fn) {
   }
   cv_.notify_all();
   std::string err0;
+  ThreadTeam* before = teams_.empty() ? nullptr : bind_thread_team(teams_[0].get());
   try {
     fn(0);
   } catch (const std::exception& e) {
@@ -124,6 +131,7 @@ void TpRanks::run(const std::function<void(int)>& fn) {
   } catch (...) {
     err0 = "unknown exception";
   }
+  if (!teams_.empty()) bind_thread_team(before);
   if (!err0.empty() && group_) group_->abort(0, err0);
   std::unique_lock<std::mutex> lk(mu_);
   done_cv_.wait(lk, [&] { return pending_ == 0; });

@@ -5,7 +5,8 @@
 // block id of the engine's kv manager, so the scheduler, the block tables and the prefix cache
 // stay one; the collectives join the ranks. On the CPU a rank is a TpShard over a
 // kv::PagedKvStorage of the shard's heads (rank 0's is the engine's store), the collectives
-// dist::ShmGroup's; on CUDA devices a rank is a gpu::PagedRunner on device first + r over NCCL
+// dist::ShmGroup's, each rank's kernels on its own share of the compute threads (a ThreadTeam);
+// on CUDA devices a rank is a gpu::PagedRunner on device first + r over NCCL
 // (shared memory through pinned host copies where NCCL was not built).
 #pragma once
 
@@ -68,6 +69,10 @@ class TpRanks {
   bool quit_ = false;
   std::vector<std::string> errors_;
   std::vector<std::thread> threads_;
+  // The CPU: a thread team per rank, each an equal share of the process's compute threads, so
+  // the ranks compute side by side instead of one taking the whole pool and the others running
+  // on one thread over the same cores.
+  std::vector<std::unique_ptr<ThreadTeam>> teams_;
 };
 
 }  // namespace kvboost

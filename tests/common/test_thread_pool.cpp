@@ -115,3 +115,40 @@ TEST(ThreadPool, ParallelForCoversRangeWithAlignedSplits) {
     for (auto& s : seen) ASSERT_EQ(s.load(), 1);
   }
 }
+
+// Thread teams (tensor parallelism's ranks): a thread bound to a team sees its size and runs
+// every tid of a call on the team's workers, two threads on two teams run their calls side by
+// side (each call whole: not inlined because the other holds a pool), and unbinding gives the
+// process's pool back.
+TEST(ThreadPool, TeamsAreEachThreadsOwnPool) {
+  ThreadsGuard g;
+  set_num_threads(2);
+  ThreadTeam a(3), b(2);
+  EXPECT_EQ(a.size(), 3);
+  EXPECT_EQ(b.size(), 2);
+  std::atomic<int> full_calls{0};
+  auto body = [&](ThreadTeam* t, int want) {
+    ThreadTeam* before = bind_thread_team(t);
+    EXPECT_EQ(before, nullptr);
+    EXPECT_EQ(num_threads(), want);
+    for (int rep = 0; rep < 500; ++rep) {
+      std::vector<int> hits(size_t(want), 0);
+      int seen_n = -1;
+      parallel_run(want, [&](int tid, int n) {
+        hits[size_t(tid)] += 1;
+        if (tid == 0) seen_n = n;
+      });
+      if (seen_n == want) {
+        ++full_calls;
+        for (int h : hits) EXPECT_EQ(h, 1);
+      }
+    }
+    EXPECT_EQ(bind_thread_team(before), t);
+    EXPECT_EQ(num_threads(), 2);  // the process's pool again
+  };
+  std::thread ta(body, &a, 3), tb(body, &b, 2);
+  ta.join();
+  tb.join();
+  EXPECT_EQ(full_calls.load(), 1000) << "a team's call ran inline: the teams are not separate pools";
+  EXPECT_EQ(num_threads(), 2);
+}
