@@ -131,9 +131,9 @@ double ModelRunner::run_batch(std::vector<PlannedRows>& rows) {
 }
 
 void ModelRunner::copy_in(kv::SeqId seq, const reuse::CopyIn& c, const kv::ChunkShape& shape) {
+  if (tp_) return tp_copy_in(seq, c, shape);
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim;
-  if (tp_) return tp_copy_in(seq, c, shape);
   const kv::Chunk& ch = *c.chunk;
   const int64_t len = int64_t(ch.tokens.size()), delta = c.begin - ch.pos0, t0 = std::max<int64_t>(0, c.from - c.begin);
   if (dev_) {  // the same rows into the device pools, keys re-rotated there
@@ -157,9 +157,9 @@ void ModelRunner::copy_in(kv::SeqId seq, const reuse::CopyIn& c, const kv::Chunk
 }
 
 void ModelRunner::read_chunk(kv::SeqId seq, int64_t begin, int64_t len, const kv::ChunkShape& shape, kv::Chunk& out) {
+  if (tp_) return tp_read_chunk(seq, begin, len, shape, out);
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim;
-  if (tp_) return tp_read_chunk(seq, begin, len, shape, out);
   if (dev_) {
     if (len > 0) resident(seq, begin / kv_.block_size(), (begin + len - 1) / kv_.block_size() - begin / kv_.block_size() + 1);
     kbuf_.resize(size_t(len * nkv)), vbuf_.resize(size_t(len * nkv));

@@ -165,16 +165,22 @@ float max_abs(const std::vector<float>& v) {
   return s;
 }
 
-// max |ref - got| < rel x max |ref logit| (at least rel), every logit finite, the same tokens.
-void expect_agree(const Result& ref, const Result& got, float rel, const std::string& what) {
-  ASSERT_EQ(ref.logits.size(), got.logits.size()) << what;
-  const float scale = std::max(max_abs(ref.logits), 1.0f);
+// max |ref - got| < rel x max |ref logit| (at least rel), every logit finite.
+void expect_logits_agree(const std::vector<float>& ref, const std::vector<float>& got, float rel,
+                         const std::string& what) {
+  ASSERT_EQ(ref.size(), got.size()) << what;
+  const float scale = std::max(max_abs(ref), 1.0f);
   float worst = 0;
-  for (size_t i = 0; i < ref.logits.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got.logits[i])) << what << " logit " << i;
-    worst = std::max(worst, std::fabs(ref.logits[i] - got.logits[i]));
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << " logit " << i;
+    worst = std::max(worst, std::fabs(ref[i] - got[i]));
   }
   EXPECT_LT(worst, rel * scale) << what << ": max |diff| " << worst << " (max |logit| " << scale << ")";
+}
+
+// ... and the same tokens.
+void expect_agree(const Result& ref, const Result& got, float rel, const std::string& what) {
+  expect_logits_agree(ref.logits, got.logits, rel, what);
   EXPECT_EQ(ref.tokens, got.tokens) << what;
 }
 
@@ -491,13 +497,7 @@ BlendResult run_blend(const std::string& dir, Kind kind, int world, const std::v
 }
 
 void expect_blend_agree(const BlendResult& ref, const BlendResult& got, float rel, const std::string& what) {
-  const float scale = std::max(max_abs(ref.logits), 1.0f);
-  float worst = 0;
-  for (size_t i = 0; i < ref.logits.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got.logits[i])) << what << " logit " << i;
-    worst = std::max(worst, std::fabs(ref.logits[i] - got.logits[i]));
-  }
-  EXPECT_LT(worst, rel * scale) << what << ": max |diff| " << worst << " (max |logit| " << scale << ")";
+  expect_logits_agree(ref.logits, got.logits, rel, what);
   EXPECT_EQ(ref.st.n_selected, got.st.n_selected) << what;
   EXPECT_EQ(ref.st.n_rows_late, got.st.n_rows_late) << what;
   EXPECT_EQ(ref.st.n_row_layers, got.st.n_row_layers) << what;

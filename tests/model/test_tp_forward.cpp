@@ -78,15 +78,19 @@ Run run(const std::string& dir, int world, const std::vector<int32_t>& prompt, i
 }
 
 // Relative to the reference's largest |logit|: float reassociation of the split sums only.
-void expect_agree(const Run& ref, const Run& got, const std::string& what) {
-  ASSERT_EQ(ref.logits.size(), got.logits.size());
+void expect_logits_agree(const std::vector<float>& ref, const std::vector<float>& got, const std::string& what) {
+  ASSERT_EQ(ref.size(), got.size()) << what;
   float scale = 0, worst = 0;
-  for (float v : ref.logits) scale = std::max(scale, std::fabs(v));
-  for (size_t i = 0; i < ref.logits.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got.logits[i])) << what << " logit " << i;
-    worst = std::max(worst, std::fabs(ref.logits[i] - got.logits[i]));
+  for (float v : ref) scale = std::max(scale, std::fabs(v));
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << " logit " << i;
+    worst = std::max(worst, std::fabs(ref[i] - got[i]));
   }
   EXPECT_LT(worst, 2e-4f * std::max(scale, 1.0f)) << what << ": max |diff| " << worst << " (max |logit| " << scale << ")";
+}
+
+void expect_agree(const Run& ref, const Run& got, const std::string& what) {
+  expect_logits_agree(ref.logits, got.logits, what);
   EXPECT_EQ(ref.tokens, got.tokens) << what;
 }
 
@@ -291,13 +295,7 @@ BlendRun run_blend(const std::string& dir, int world, const std::vector<int32_t>
 }
 
 void expect_blend_agree(const BlendRun& ref, const BlendRun& got, const std::string& what) {
-  float scale = 0, worst = 0;
-  for (float v : ref.logits) scale = std::max(scale, std::fabs(v));
-  for (size_t i = 0; i < ref.logits.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got.logits[i])) << what << " logit " << i;
-    worst = std::max(worst, std::fabs(ref.logits[i] - got.logits[i]));
-  }
-  EXPECT_LT(worst, 2e-4f * std::max(scale, 1.0f)) << what << ": max |diff| " << worst << " (max |logit| " << scale << ")";
+  expect_logits_agree(ref.logits, got.logits, what);
   EXPECT_EQ(ref.st.n_full_layers, got.st.n_full_layers) << what;
   EXPECT_EQ(ref.st.n_selected, got.st.n_selected) << what;
   EXPECT_EQ(ref.st.n_rows_late, got.st.n_rows_late) << what;

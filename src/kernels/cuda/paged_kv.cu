@@ -136,20 +136,25 @@ void kv_write_slots(const float* k, const float* v, const int64_t* slots, float*
   check(cudaGetLastError(), "kv_write_slots");
 }
 
+namespace {
+template <bool kSums>
+void launch_deviation(const float* k, const float* v, const int64_t* slots, const float* k_pool, const float* v_pool,
+                      float* out, int64_t n, int64_t row, cudaStream_t s, const char* what) {
+  if (n <= 0 || row <= 0) return;
+  if (n > 0x7fffffff) fail(what, ": ", n, " rows");
+  deviation_kernel<kSums><<<unsigned((n + 7) / 8), 256, 0, s>>>(k, v, slots, k_pool, v_pool, out, n, row);
+  check(cudaGetLastError(), what);
+}
+}  // namespace
+
 void kv_deviation(const float* k, const float* v, const int64_t* slots, const float* k_pool, const float* v_pool,
                   float* dev, int64_t n, int64_t row, cudaStream_t s) {
-  if (n <= 0 || row <= 0) return;
-  if (n > 0x7fffffff) fail("kv_deviation: ", n, " rows");
-  deviation_kernel<false><<<unsigned((n + 7) / 8), 256, 0, s>>>(k, v, slots, k_pool, v_pool, dev, n, row);
-  check(cudaGetLastError(), "kv_deviation");
+  launch_deviation<false>(k, v, slots, k_pool, v_pool, dev, n, row, s, "kv_deviation");
 }
 
 void kv_deviation_sums(const float* k, const float* v, const int64_t* slots, const float* k_pool, const float* v_pool,
                        float* sums, int64_t n, int64_t row, cudaStream_t s) {
-  if (n <= 0 || row <= 0) return;
-  if (n > 0x7fffffff) fail("kv_deviation_sums: ", n, " rows");
-  deviation_kernel<true><<<unsigned((n + 7) / 8), 256, 0, s>>>(k, v, slots, k_pool, v_pool, sums, n, row);
-  check(cudaGetLastError(), "kv_deviation_sums");
+  launch_deviation<true>(k, v, slots, k_pool, v_pool, sums, n, row, s, "kv_deviation_sums");
 }
 
 void gather_rows(const float* x, const int64_t* idx, float* y, int64_t n, int64_t width, cudaStream_t s) {
