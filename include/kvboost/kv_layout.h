@@ -72,12 +72,25 @@ struct BlockRange {
 // the forward pass then visits the sequence's K/V in the ranges this plan gives and, between
 // ranges, asks for the next one to be made resident (no callback into the runtime: a plain call
 // to the KV manager). A default-constructed Pager is inactive: every block is resident.
+// Several threads reading one sequence's K/V in lockstep, each over pools of its own indexed by
+// the same manager's block ids (tensor-parallel ranks: each holds its heads' K/V): one Pager per
+// thread, all sharing the group's PagerSync. make_resident then waits for the whole group
+// (wait()), the leader alone calls the manager (which moves every thread's part of a block: the
+// hot tier covers all of them), and all wait again before reading the table. The threads must
+// make the same calls in the same order (they do: the same pass over the same rows). wait()
+// throws when the group failed, so a leader's Error does not leave the others waiting.
+class PagerSync {
+ public:
+  virtual ~PagerSync() = default;
+  virtual void wait() = 0;
+};
+
 class Pager {
  public:
   Pager() = default;
   // range_blocks: blocks per attention range (>= 1); leave room in the hot pool for the blocks
-  // the pass writes (the engine uses half the pool).
-  Pager(KvCacheManager& mgr, SeqId seq, int64_t range_blocks);
+  // the pass writes (the engine uses half the pool). sync: see PagerSync (null: one thread).
+  Pager(KvCacheManager& mgr, SeqId seq, int64_t range_blocks, PagerSync* sync = nullptr, bool leader = true);
   bool active() const { return mgr_ != nullptr; }
   explicit operator bool() const { return active(); }
   int64_t range_blocks() const { return range_blocks_; }
@@ -98,6 +111,8 @@ class Pager {
   KvCacheManager* mgr_ = nullptr;
   SeqId seq_ = 0;
   int64_t range_blocks_ = 1;
+  PagerSync* sync_ = nullptr;
+  bool leader_ = true;
 };
 
 }  // namespace kvboost::kv

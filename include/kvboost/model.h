@@ -272,6 +272,7 @@ struct LoadOptions {
 namespace detail {
 struct ModelImpl;  // src/model/model_impl.h: weights, architecture, RoPE tables, streamer
 struct LayerWeights;
+struct TpFeed;  // src/model/tp_forward.cpp: a TP group's shared pass over a streamed model
 }
 namespace dist {
 class Comm;  // kvboost/dist.h
@@ -364,9 +365,10 @@ class Model {
 // holds the same residual stream and the same logits. n_heads and n_kv_heads must divide by
 // world (GQA groups stay on one rank); the intermediate split may be uneven. Architectures:
 // llama, mistral, qwen2, qwen3 (others: Error). The model must be loaded with
-// LoadOptions::pack_weights = false and without layer streaming (Error otherwise); a quantized
-// matrix split along its columns needs the split at a block boundary. Row slices point into the
-// model's weights; column slices are copied (about 1/world of Wo and down per rank).
+// LoadOptions::pack_weights = false (Error otherwise); a quantized matrix split along its
+// columns needs the split at a block boundary. Row slices point into the model's weights;
+// column slices are copied (about 1/world of Wo and down per rank). A layer-streamed model
+// (LoadOptions::weight_budget) runs through create_group only.
 //
 // The plan every shard follows, on the CPU (TpShard) and on a device (kvboost/gpu.h
 // PagedRunnerOptions::comm): rank `rank`'s contiguous heads and its slice of the intermediate
@@ -395,6 +397,14 @@ void tp_copy_slice(const void* src, kernels::WType type, int64_t cols, int64_t r
 class TpShard {
  public:
   static std::unique_ptr<TpShard> create(const Model& m, int rank, int world);
+  // All `world` shards, for ranks that are threads of one process (the engine's TpRanks): as
+  // create() for each rank, and a layer-streamed model runs too. The shards then share the
+  // model's streamer, so a pass reads each layer once, as at TP = 1: rank 0 acquires the layer,
+  // every rank binds its slices of the slot between two barriers (row slices point into it,
+  // column slices are copied to buffers of the pass: about 1/world of Wo and down of one layer
+  // per rank), and rank 0 releases it once every rank is done with the layer. create() on a
+  // streamed model is an Error (a rank in a forked process has no reader thread).
+  static std::vector<std::unique_ptr<TpShard>> create_group(const Model& m, int world);
   ~TpShard();
   // The shard's shapes: n_heads / world, n_kv_heads / world, its share of intermediate_size.
   // A KvCache of this config holds the rank's K/V.
@@ -407,7 +417,8 @@ class TpShard {
   // As Model::forward_batch over the rank's paged K/V (each view's pools of this shard's
   // config), on every rank at once with the same sequences, tokens and block tables; logits of
   // the sequences that ask for them (a rank that needs none may pass logits = nullptr). K/V in
-  // a cold tier (an active pager): Error.
+  // a cold tier: every rank's views carry pagers sharing one kv::PagerSync over the ranks (the
+  // leader pages in the blocks of all of them).
   void forward_batch(const SeqBatch* seqs, int64_t n_seqs, dist::Comm& comm) const;
   // As Model::forward_blend over the rank's K/V (kv: a view of this shard's config, the cached
   // K/V of the reused tokens in their slots), on every rank at once. The deviation of a row is
@@ -422,8 +433,11 @@ class TpShard {
   const Model* model_ = nullptr;
   ModelConfig cfg_;
   int rank_ = 0, world_ = 1;
-  std::vector<detail::LayerWeights> layers_;
+  std::vector<detail::LayerWeights> layers_;  // streamed: the slices' shapes, data null
   std::vector<std::vector<uint8_t>> store_;  // the copied column slices
+  std::shared_ptr<detail::TpFeed> feed_;     // a streamed model: the group's pass
+  TpPlan plan_;
+  static std::unique_ptr<TpShard> make(const Model& m, int rank, int world, std::shared_ptr<detail::TpFeed> feed);
 };
 
 // ---- model identity (src/model/identity.cpp) ----

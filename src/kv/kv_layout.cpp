@@ -47,8 +47,8 @@ void KvLayout::rotate_keys(int64_t layer, int64_t pos0, int64_t n, const float* 
   });
 }
 
-Pager::Pager(KvCacheManager& mgr, SeqId seq, int64_t range_blocks)
-    : mgr_(&mgr), seq_(seq), range_blocks_(std::max<int64_t>(1, range_blocks)) {}
+Pager::Pager(KvCacheManager& mgr, SeqId seq, int64_t range_blocks, PagerSync* sync, bool leader)
+    : mgr_(&mgr), seq_(seq), range_blocks_(std::max<int64_t>(1, range_blocks)), sync_(sync), leader_(leader) {}
 
 BlockRange Pager::range(int64_t layer, int64_t i, int64_t n_blocks) const {
   const int64_t n_r = n_ranges(n_blocks);
@@ -57,8 +57,10 @@ BlockRange Pager::range(int64_t layer, int64_t i, int64_t n_blocks) const {
 }
 
 const BlockId* Pager::make_resident(BlockRange r) const {
-  if (!mgr_->ensure_resident(seq_, r.first, r.n))
+  if (sync_) sync_->wait();  // every thread is done with the blocks of its last range
+  if (leader_ && !mgr_->ensure_resident(seq_, r.first, r.n))
     fail("KV memory exhausted: cannot page in ", r.n, " blocks (hot pool of ", mgr_->pool().n_blocks(), " blocks)");
+  if (sync_) sync_->wait();  // the leader's page-in is done
   return mgr_->block_table(seq_).data();
 }
 

@@ -6,11 +6,25 @@
 // (LayerPass::tp) before they join the residual stream. Every other step (norms, residual adds,
 // the head) is replicated, so all ranks keep identical activations.
 #include <cstring>
+#include <optional>
 
 #include "blocks.h"
 #include "kvboost/dist.h"
+#include "layer_stream.h"
 
 namespace kvboost {
+
+namespace detail {
+
+// A TP group's pass over a layer-streamed model (TpShard::create_group): rank 0's
+// LayerStreamer::Pass and the slot of the layer it acquired, read by every rank between the
+// barriers of ShardLayers.
+struct TpFeed {
+  std::optional<stream::LayerStreamer::Pass> pass;
+  const std::vector<const uint8_t*>* slot = nullptr;
+};
+
+}  // namespace detail
 
 namespace {
 
@@ -29,6 +43,16 @@ Weight col_slice(const Weight& w, int64_t c0, int64_t c1, std::vector<uint8_t>& 
   tp_copy_slice(w.data, w.type, w.cols, 0, w.rows, c0, c1, store.data(), what);
   Weight s = w;
   s.data = store.data();
+  s.cols = c1 - c0;
+  return s;
+}
+
+// Rows [r0, r1) x columns [c0, c1) as a shape only (a streamed layer's bytes come per pass).
+Weight slice_shape(const Weight& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1, const char* name, int64_t l) {
+  tp_slice_bytes(w.type, w.cols, r0, r1, c0, c1, "layer " + std::to_string(l) + " " + name);  // its Errors
+  Weight s = w;
+  s.data = nullptr;
+  s.rows = r1 - r0;
   s.cols = c1 - c0;
   return s;
 }
@@ -87,15 +111,32 @@ void tp_copy_slice(const void* src, kernels::WType type, int64_t cols, int64_t r
 TpShard::~TpShard() = default;
 
 std::unique_ptr<TpShard> TpShard::create(const Model& m, int rank, int world) {
+  if (m.impl_->stream)
+    fail("tensor parallel: the model is layer-streamed (LoadOptions::weight_budget): its shards share the streamer "
+         "(TpShard::create_group, ranks as threads of one process) or it loads resident");
+  return make(m, rank, world, nullptr);
+}
+
+std::vector<std::unique_ptr<TpShard>> TpShard::create_group(const Model& m, int world) {
+  tp_plan(m.config(), 0, world);  // its Errors before any shard
+  const auto feed = m.impl_->stream ? std::make_shared<detail::TpFeed>() : nullptr;
+  std::vector<std::unique_ptr<TpShard>> out;
+  for (int r = 0; r < world; ++r) out.push_back(make(m, r, world, feed));
+  return out;
+}
+
+std::unique_ptr<TpShard> TpShard::make(const Model& m, int rank, int world, std::shared_ptr<detail::TpFeed> feed) {
   const ModelConfig& c = m.config();
   const detail::ModelImpl& mi = *m.impl_;
   const TpPlan plan = tp_plan(c, rank, world);
-  if (mi.stream) fail("tensor parallel: the model is layer-streamed (LoadOptions::weight_budget); load it resident");
   std::unique_ptr<TpShard> t(new TpShard());
   t->model_ = &m;
   t->rank_ = rank;
   t->world_ = world;
   t->cfg_ = plan.config;
+  t->plan_ = plan;
+  t->feed_ = std::move(feed);
+  const bool streamed = mi.stream != nullptr;
   const int64_t q0 = plan.q0, q1 = plan.q1, k0 = plan.k0, k1 = plan.k1, i0 = plan.i0, i1 = plan.i1;
   t->store_.resize(size_t(2 * c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -108,6 +149,17 @@ std::unique_ptr<TpShard> TpShard::create(const Model& m, int rank, int world) {
     S.k_bias = vec_slice(L.k_bias, k0, k1);
     S.v_bias = vec_slice(L.v_bias, k0, k1);
     if (!plan.o_bias) S.o_bias.clear();  // added once, on rank 0: the all-reduce sums every rank's output
+    if (streamed) {  // the shapes; the bytes are bound per pass (ShardLayers)
+      S.wq = slice_shape(L.wq, q0, q1, 0, L.wq.cols, "q_proj", l);
+      S.wk = slice_shape(L.wk, k0, k1, 0, L.wk.cols, "k_proj", l);
+      S.wv = slice_shape(L.wv, k0, k1, 0, L.wv.cols, "v_proj", l);
+      S.wo = slice_shape(L.wo, 0, L.wo.rows, q0, q1, "o_proj", l);
+      S.w_gate = slice_shape(L.w_gate, i0, i1, 0, L.w_gate.cols, "gate_proj", l);
+      S.w_up = slice_shape(L.w_up, i0, i1, 0, L.w_up.cols, "up_proj", l);
+      S.w_down = slice_shape(L.w_down, 0, L.w_down.rows, i0, i1, "down_proj", l);
+      t->layers_.push_back(std::move(S));
+      continue;
+    }
     S.wq = row_slice(L.wq, q0, q1);
     S.wk = row_slice(L.wk, k0, k1);
     S.wv = row_slice(L.wv, k0, k1);
@@ -126,14 +178,71 @@ namespace {
 // shard's weights and shapes, with LayerPass::tp set, so that the blocks all-reduce the O and
 // down projections' partial sums. before_write / kv_only as blocks::LayerPass (kv_only: the
 // layer stops after the K/V write, before any all-reduce).
-void tp_layer(const detail::ModelImpl& mi, const ModelConfig& cfg, const detail::LayerWeights& L, int64_t l,
-              const SeqBatch* s, const blocks::Rows& rows, blocks::Work& w, const blocks::BeforeWrite* before_write,
-              bool kv_only, dist::Comm& comm) {
-  blocks::LayerPass p{cfg, l, L, L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down, s, rows, w, before_write, kv_only,
+void tp_layer(const detail::ModelImpl& mi, const ModelConfig& cfg, const detail::LayerWeights& L, const Weight* m,
+              int64_t l, const SeqBatch* s, const blocks::Rows& rows, blocks::Work& w,
+              const blocks::BeforeWrite* before_write, bool kv_only, dist::Comm& comm) {
+  blocks::LayerPass p{cfg, l, L, m[0], m[1], m[2], m[3], m[4], m[5], m[6], s, rows, w, before_write, kv_only,
                       rows.size(), float(cfg.rms_norm_eps)};
   p.tp = &comm;
   mi.arch->layer(p);
 }
+
+// The weights of one pass over a shard's layers, in order: the resident slices, or for a
+// streamed model (the group's TpFeed) each layer's slices of the slot rank 0 acquired for the
+// group. bind(l) returns layer l's seven matrices (detail::layer_mats order); done() after the
+// layer's last use. Rank 0 acquires between barriers so no rank reads a slot before it is read
+// and none sees it released before all are done; its Pass drains what a failed pass left.
+class ShardLayers {
+ public:
+  ShardLayers(const detail::ModelImpl& mi, const std::vector<detail::LayerWeights>& layers, const TpPlan& plan,
+              detail::TpFeed* feed, dist::Comm& comm)
+      : mi_(mi), layers_(layers), plan_(plan), feed_(feed), comm_(comm) {
+    if (feed_ && comm_.rank() == 0) feed_->pass.emplace(*mi_.stream);
+  }
+  ~ShardLayers() {
+    if (feed_ && comm_.rank() == 0) feed_->slot = nullptr, feed_->pass.reset();
+  }
+  ShardLayers(const ShardLayers&) = delete;
+  ShardLayers& operator=(const ShardLayers&) = delete;
+
+  const Weight* bind(int64_t l) {
+    const detail::LayerWeights& S = layers_[size_t(l)];
+    const auto shard = detail::layer_mats(S);
+    for (int i = 0; i < detail::kLayerMats; ++i) mats_[i] = *shard[size_t(i)];
+    if (!feed_) return mats_;
+    if (comm_.rank() == 0) feed_->slot = &feed_->pass->acquire(l);
+    comm_.barrier();  // the slot is read
+    const std::vector<const uint8_t*>& p = *feed_->slot;
+    const auto full = detail::layer_mats(mi_.layers[size_t(l)]);
+    const int64_t row0[detail::kLayerMats] = {plan_.q0, plan_.k0, plan_.k0, 0, plan_.i0, plan_.i0, 0};
+    for (int i = 0; i < detail::kLayerMats; ++i)
+      mats_[i].data = p[size_t(i)] + size_t(row0[i]) * size_t(kernels::wtype_row_bytes(full[size_t(i)]->type, full[size_t(i)]->cols));
+    cols(3, *full[3], plan_.q0, plan_.q1, p[3], "o_proj", l);
+    cols(6, *full[6], plan_.i0, plan_.i1, p[6], "down_proj", l);
+    return mats_;
+  }
+  void done() {
+    if (!feed_) return;
+    comm_.barrier();  // every rank is done with the slot
+    if (comm_.rank() == 0) feed_->slot = nullptr, feed_->pass->release();
+  }
+
+ private:
+  void cols(int i, const Weight& full, int64_t c0, int64_t c1, const uint8_t* src, const char* name, int64_t l) {
+    std::vector<uint8_t>& buf = buf_[i == 3 ? 0 : 1];
+    const std::string what = "layer " + std::to_string(l) + " " + name;
+    buf.resize(tp_slice_bytes(full.type, full.cols, 0, full.rows, c0, c1, what));
+    tp_copy_slice(src, full.type, full.cols, 0, full.rows, c0, c1, buf.data(), what);
+    mats_[i].data = buf.data();
+  }
+  const detail::ModelImpl& mi_;
+  const std::vector<detail::LayerWeights>& layers_;
+  const TpPlan& plan_;
+  detail::TpFeed* feed_;
+  dist::Comm& comm_;
+  Weight mats_[detail::kLayerMats];
+  std::vector<uint8_t> buf_[2];  // the rank's columns of Wo and down
+};
 
 void check_comm(const dist::Comm& comm, int rank, int world) {
   if (comm.world() != world || comm.rank() != rank)
@@ -162,7 +271,13 @@ void TpShard::forward(const int32_t* tokens, int64_t n, KvCache& kv, float* logi
   w.resize(cfg_, n, false);
   blocks::embed(mi, full, tokens, n, w.x.data());
   blocks::rope_tables(mi.inv_freq, mi.inv_freq_local, rows, w);
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) tp_layer(mi, cfg_, layers_[size_t(l)], l, &s, rows, w, nullptr, false, comm);
+  {
+    ShardLayers ws(mi, layers_, plan_, feed_.get(), comm);
+    for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+      tp_layer(mi, cfg_, layers_[size_t(l)], ws.bind(l), l, &s, rows, w, nullptr, false, comm);
+      ws.done();
+    }
+  }
   kv.set_size(kv.size() + n);
   if (!logits) return;
   const int64_t m = all_logits ? n : 1;
@@ -177,14 +292,19 @@ void TpShard::forward_batch(const SeqBatch* in, int64_t n_seqs, dist::Comm& comm
   blocks::Rows rows;
   bool paged_in = false;
   const std::vector<SeqBatch> batch = blocks::batch_rows(cfg_, in, n_seqs, rows, &paged_in);
-  if (paged_in) fail("tensor parallel: K/V in a cold tier are not supported");
   const SeqBatch* seqs = batch.data();
   if (rows.size() == 0) return;
   const detail::ModelImpl& mi = *model_->impl_;
   blocks::Work w;
-  w.resize(cfg_, rows.size(), false);
+  w.resize(cfg_, rows.size(), paged_in);
   blocks::embed_batch(mi, cfg_, seqs, n_seqs, rows, w);
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) tp_layer(mi, cfg_, layers_[size_t(l)], l, seqs, rows, w, nullptr, false, comm);
+  {
+    ShardLayers ws(mi, layers_, plan_, feed_.get(), comm);
+    for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+      tp_layer(mi, cfg_, layers_[size_t(l)], ws.bind(l), l, seqs, rows, w, nullptr, false, comm);
+      ws.done();
+    }
+  }
   blocks::batch_logits(mi, cfg_, seqs, n_seqs, w);
 }
 
@@ -211,7 +331,11 @@ BlendStats TpShard::forward_blend(const int32_t* tokens, int64_t n, const KvView
   const BlendSchedule sched(opt, n, cfg_.n_layers);
   const int64_t check = sched.check_layer();
   BlendStats st;
-  for (int64_t l = 0; l < check; ++l) tp_layer(mi, cfg_, layers_[size_t(l)], l, &seq, rows, w, nullptr, false, comm);
+  ShardLayers ws(mi, layers_, plan_, feed_.get(), comm);
+  for (int64_t l = 0; l < check; ++l) {
+    tp_layer(mi, cfg_, layers_[size_t(l)], ws.bind(l), l, &seq, rows, w, nullptr, false, comm);
+    ws.done();
+  }
   std::vector<int64_t> tok(static_cast<size_t>(n));  // token index of each current row
   for (int64_t t = 0; t < n; ++t) tok[size_t(t)] = t;
   int64_t n_kept = sched.n_candidates();
@@ -231,9 +355,10 @@ BlendStats TpShard::forward_blend(const int32_t* tokens, int64_t n, const KvView
   st.n_full_layers = check;
   for (int64_t l = check; l < cfg_.n_layers; ++l) {
     const detail::LayerWeights& L = layers_[size_t(l)];
+    const Weight* m = ws.bind(l);
     if (sched.selects_at(l, n_kept)) {
       measured_layer = l;
-      tp_layer(mi, cfg_, L, l, &seq, rows, w, &measure, /*kv_only=*/true, comm);
+      tp_layer(mi, cfg_, L, m, l, &seq, rows, w, &measure, /*kv_only=*/true, comm);
       comm.all_reduce_sum(sums.data(), int64_t(sums.size()));
       dev.assign(tok.size(), 0.0f);
       for (size_t r = 0; r < tok.size(); ++r) {
@@ -244,7 +369,8 @@ BlendStats TpShard::forward_blend(const int32_t* tokens, int64_t n, const KvView
       blocks::keep_rows(mi, cfg_, sched.select(l, tok, dev, &n_sel), kv.n_past, tok, rows, w);
       n_kept = n_sel;
     }
-    tp_layer(mi, cfg_, L, l, &seq, rows, w, nullptr, false, comm);
+    tp_layer(mi, cfg_, L, m, l, &seq, rows, w, nullptr, false, comm);
+    ws.done();
     st.n_row_layers += rows.size();
   }
   st.n_selected = n_kept;

@@ -49,14 +49,15 @@ Engine::Impl::Impl(std::unique_ptr<Model> m, Tokenizer t, const EngineOptions& o
   // Under tensor parallelism this store is rank 0's K/V heads (the budget is the ranks' total).
   const int64_t store_heads = opt_.tp > 1 ? tp_plan(c, 0, opt_.tp).config.n_kv_heads : c.n_kv_heads;
   store_ = std::make_unique<kv::PagedKvStorage>(n_blocks, block_size_, c.n_layers, store_heads, c.head_dim);
-  if (!opt.cold_dir.empty()) {
-    cold_ = std::make_unique<kv::FileColdStore>(opt.cold_dir, store_->block_bytes());
-    kv_->attach_cold_tier(store_.get(), cold_.get());
-  }
   // A CUDA device: the weights go to the device and its pools take the store's shape (the host
   // store stays the kv manager's bookkeeping twin; its lazily committed pages are never touched).
-  runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *store_, cold_ != nullptr, opt_.load.device,
+  runner_ = std::make_unique<ModelRunner>(*model_, *kv_, *store_, !opt.cold_dir.empty(), opt_.load.device,
                                           opt_.prefill_chunk + opt_.max_batch, opt_.load.vram_budget, opt_.tp);
+  if (!opt.cold_dir.empty()) {  // the store's blocks, or under TP every rank's parts of a block together
+    kv::HotTier& hot = runner_->hot_tier();
+    cold_ = std::make_unique<kv::FileColdStore>(opt.cold_dir, hot.block_bytes());
+    kv_->attach_cold_tier(&hot, cold_.get());
+  }
   // On a device the cold tier moves the device pools' blocks: pinned host slots before the files.
   if (cold_ && runner_->on_device()) runner_->attach_device_cold_tier(cold_.get(), opt_.cold_host_bytes);
   // Model identity for chunk keys (model_identity, src/model/identity.cpp): a content hash of
@@ -111,12 +112,12 @@ std::unique_ptr<Engine> Engine::load(const std::string& dir, const EngineOptions
   }
   if (opt.tp < 1 || opt.tp > 64) fail("tp (--tp) ", opt.tp, ": tensor parallelism needs 1 .. 64 ranks");
   if (opt.tp > 1) {
-    if (opt.load.weight_budget > 0 || opt.load.vram_budget > 0)
-      fail("tensor parallelism (tp ", opt.tp, ") with layer streaming (", opt.load.weight_budget > 0 ? "weight_budget, --weight-budget" : "vram_budget, --vram-budget",
-           ") is not supported");
-    if (!opt.cold_dir.empty())
-      fail("tensor parallelism (tp ", opt.tp, ") with a cold tier (cold_dir, --kv-cold-dir) is not supported: each rank "
-           "would spill its own heads' blocks");
+    if (opt.load.vram_budget > 0)
+      fail("tensor parallelism (tp ", opt.tp, ") with layer streaming on a device (vram_budget, --vram-budget) is not "
+           "supported");
+    if (!opt.cold_dir.empty() && !dev.is_cpu())
+      fail("tensor parallelism (tp ", opt.tp, ") over CUDA devices with a cold tier (cold_dir, --kv-cold-dir) is not "
+           "supported: each device's pools would need a spill chain of their own");
   }
   kernels::require_device(dev, "device");
   // A GGUF model: tokenizer files beside the .gguf win; without them, the tokenizer stored in it.

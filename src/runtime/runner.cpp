@@ -16,9 +16,9 @@ ModelRunner::ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKv
          "layer streaming is weight_budget (--weight-budget)");
   if (tp < 1) fail("tp ", tp, " must be at least 1");
   if (tp > 1) {
-    if (cold_tier)
-      fail("tensor parallelism (tp ", tp, ") with a cold tier (cold_dir, --kv-cold-dir) is not supported: each rank "
-           "would spill its own heads' blocks");
+    if (cold_tier && !device.is_cpu())
+      fail("tensor parallelism (tp ", tp, ") over CUDA devices with a cold tier (cold_dir, --kv-cold-dir) is not "
+           "supported: each device's pools would need a spill chain of their own");
     tp_ = std::make_unique<TpRanks>(model, tp, store, device, rows_hint, vram_budget);
     return;
   }
@@ -35,6 +35,7 @@ ModelRunner::~ModelRunner() = default;
 
 bool ModelRunner::on_device() const { return dev_ != nullptr || (tp_ && tp_->on_device()); }
 int ModelRunner::tp() const { return tp_ ? tp_->world() : 1; }
+kv::HotTier& ModelRunner::hot_tier() { return tp_ ? tp_->hot_tier() : static_cast<kv::HotTier&>(store_); }
 
 void ModelRunner::attach_device_cold_tier(kv::ColdStore* disk, size_t host_bytes) {
   if (!dev_) fail("attach_device_cold_tier: the runner is on the CPU (its cold tier is the host pools')");
@@ -49,14 +50,17 @@ void ModelRunner::attach_device_cold_tier(kv::ColdStore* disk, size_t host_bytes
 
 // The device's attention kernels take a sequence's whole block table (no per-range paging as the
 // CPU's kv::Pager does between attention ranges), so a device pass needs all of it resident.
+// Under TP on the CPU, passes page by ranges (synchronised pagers); the K/V copies outside a
+// pass (copy-in, read-out, probe rows) make their rows resident here first.
 void ModelRunner::resident(kv::SeqId seq, int64_t first, int64_t n) const {
-  if (!dev_cold_) return;
+  if (!dev_cold_ && !(tp_ && cold_)) return;
   const int64_t n_table = int64_t(kv_.block_table(seq).size());
   if (n < 0) first = 0, n = n_table;
   n = std::min(n, n_table - first);
   if (n > 0 && !kv_.ensure_resident(seq, first, n))
-    fail("device ", device_.name(), ": KV memory exhausted: sequence ", seq, " needs blocks [", first, ", ", first + n,
-         ") resident but the device KV pool holds ", kv_.pool().n_blocks(), " blocks (raise kv_budget_bytes, --kv-budget)");
+    fail(dev_ ? "device " + device_.name() : "tensor parallelism", ": KV memory exhausted: sequence ", seq,
+         " needs blocks [", first, ", ", first + n, ") resident but the ", dev_ ? "device" : "hot", " KV pool holds ",
+         kv_.pool().n_blocks(), " blocks (raise kv_budget_bytes, --kv-budget)");
 }
 
 void ModelRunner::resident(std::span<const kv::SeqId> seqs) const {

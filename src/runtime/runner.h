@@ -37,12 +37,17 @@ class ModelRunner {
   // LoadOptions::vram_budget, an Error on the CPU). Errors for a device: see
   // gpu::PagedRunner::create. A cold tier on a device: attach_device_cold_tier.
   // tp > 1: tensor parallelism over tp ranks; store is then rank 0's pools (n_kv_heads / tp
-  // heads). Errors: a cold tier with tp > 1, TpRanks'.
+  // heads). Errors: a cold tier with tp > 1 on devices, TpRanks'.
+  // cold_tier: the kv manager spills hot_tier()'s blocks (the engine attaches the pair).
   ModelRunner(const Model& model, kv::KvCacheManager& kv, kv::PagedKvStorage& store, bool cold_tier,
               const kernels::Device& device = {}, int64_t rows_hint = 512, uint64_t vram_budget = 0, int tp = 1);
   ~ModelRunner();
   bool on_device() const;
   int tp() const;
+  // The memory the kv manager's cold tier moves on the CPU: the engine's store, or under tensor
+  // parallelism every rank's pools of a block together (TpHotTier). On a device the engine then
+  // swaps in the device chain (attach_device_cold_tier).
+  kv::HotTier& hot_tier();
   // On a device, the kv manager's cold tier becomes the chain device pools -> pinned host slots
   // (host_bytes of them; kv::HostColdStore over PagedRunner::spill_copy) -> `disk` (the engine's
   // kv::FileColdStore, which must outlive the runner's passes). Every device pass then first

@@ -22,6 +22,17 @@ void put_cols(const float* src, int64_t n, int64_t width, int64_t c0, int64_t c1
   for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * width + c0, src + i * (c1 - c0), size_t(c1 - c0) * sizeof(float));
 }
 
+// A cold tier under TP: the ranks' pagers meet at the rank's barrier (kv::PagerSync).
+struct CommSync final : kv::PagerSync {
+  explicit CommSync(dist::Comm& c) : comm(c) {}
+  void wait() override { comm.barrier(); }
+  dist::Comm& comm;
+};
+
+// Blocks [b0, b1] of the rows [begin, begin + n).
+int64_t first_block(int64_t begin, int64_t bs) { return begin / bs; }
+int64_t n_blocks(int64_t begin, int64_t n, int64_t bs) { return n > 0 ? (begin + n - 1) / bs - begin / bs + 1 : 0; }
+
 }  // namespace
 
 void ModelRunner::tp_copy_block(const kv::CopyOp& c) {
@@ -38,6 +49,7 @@ void ModelRunner::tp_copy_in(kv::SeqId seq, const reuse::CopyIn& c, const kv::Ch
   const kv::Chunk& ch = *c.chunk;
   const int64_t len = int64_t(ch.tokens.size()), delta = c.begin - ch.pos0, t0 = std::max<int64_t>(0, c.from - c.begin);
   if (len <= t0) return;
+  resident(seq, first_block(c.begin + t0, kv_.block_size()), n_blocks(c.begin + t0, len - t0, kv_.block_size()));
   // Every layer's rows, whole, once; each rank takes its columns.
   kbuf_.resize(size_t(L * len * nkv)), vbuf_.resize(size_t(L * len * nkv));
   for (int64_t l = 0; l < L; ++l) kv::chunk_get_layer(ch, shape, l, kbuf_.data() + l * len * nkv, vbuf_.data() + l * len * nkv);
@@ -67,6 +79,7 @@ void ModelRunner::tp_read_chunk(kv::SeqId seq, int64_t begin, int64_t len, const
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim, L = cfg.n_layers;
   if (len <= 0) return;
+  resident(seq, first_block(begin, kv_.block_size()), n_blocks(begin, len, kv_.block_size()));
   kbuf_.resize(size_t(L * len * nkv)), vbuf_.resize(size_t(L * len * nkv));
   const std::span<const kv::BlockId> table = kv_.block_table(seq);
   tp_->run([&](int r) {  // each rank fills its columns of every layer's rows
@@ -88,6 +101,7 @@ std::vector<float> ModelRunner::tp_snapshot_rows(kv::SeqId seq, std::span<const 
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim, L = cfg.n_layers, n = int64_t(rows.size());
   std::vector<float> out(size_t(n * L * 2 * nkv));
+  resident(seq);
   const std::span<const kv::BlockId> table = kv_.block_table(seq);
   tp_->run([&](int r) {
     TpRanks::Rank& k = tp_->rank(r);
@@ -137,12 +151,16 @@ double ModelRunner::tp_run_batch(std::vector<PlannedRows>& rows) {
       return;
     }
     std::vector<SeqBatch> b(rows.size());
+    CommSync sync(k.comm);
     for (size_t i = 0; i < rows.size(); ++i) {
       const PlannedRows& p = rows[i];
       b[i].tokens = p.tokens.data();
       b[i].n = int64_t(p.tokens.size());
       KvView v;
       static_cast<kv::KvLayout&>(v) = k.store->layout(kv_.block_table(p.seq).data());
+      // A cold tier: rank 0 pages in for every rank, the ranks meeting at each range (as
+      // ModelRunner::view: half the hot pool per attention range).
+      if (cold_) v.pager = kv::Pager(kv_, p.seq, std::max<int64_t>(1, store_.n_blocks() / 2), &sync, r == 0);
       if (p.decode) v.n_past = p.n_past;
       else b[i].positions = p.positions.data();
       b[i].kv = v;
@@ -157,6 +175,7 @@ double ModelRunner::tp_run_batch(std::vector<PlannedRows>& rows) {
 BlendStats ModelRunner::tp_run_blend(const PlannedBlend& b) {
   const int64_t V = model_.config().vocab_size;
   BlendStats st;
+  resident(b.seq);
   tp_->run([&](int r) {
     TpRanks::Rank& k = tp_->rank(r);
     std::vector<float> scratch(r == 0 ? 0 : size_t(V));

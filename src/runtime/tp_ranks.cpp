@@ -26,9 +26,10 @@ TpRanks::TpRanks(const Model& model, int world, kv::PagedKvStorage& store0, cons
                               "tensor parallel rank " + std::to_string(r));
     nccl_ = dist::nccl_built();
   } else {
+    std::vector<std::unique_ptr<TpShard>> shards = TpShard::create_group(model, world);  // a streamed model shares its streamer
     for (int r = 0; r < world; ++r) {
       Rank& k = ranks_[size_t(r)];
-      k.shard = TpShard::create(model, r, world);
+      k.shard = std::move(shards[size_t(r)]);
       if (r == 0) {
         k.store = &store0;
       } else {
@@ -66,6 +67,33 @@ TpRanks::TpRanks(const Model& model, int world, kv::PagedKvStorage& store0, cons
 }
 
 TpRanks::~TpRanks() { release(); }
+
+size_t TpHotTier::block_bytes() const {
+  size_t n = 0;
+  for (const kv::PagedKvStorage* s : stores_) n += s->block_bytes();
+  return n;
+}
+
+std::vector<kv::IoPiece> TpHotTier::block_pieces(kv::BlockId b) {
+  std::vector<kv::IoPiece> out;
+  for (kv::PagedKvStorage* s : stores_) {
+    const std::vector<kv::IoPiece> p = s->block_pieces(b);
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+
+kv::HotTier& TpRanks::hot_tier() {
+  if (on_device_)
+    fail("tensor parallelism over CUDA devices with a cold tier (cold_dir, --kv-cold-dir) is not supported: each "
+         "device's pools would need a spill chain of their own");
+  if (!hot_) {
+    std::vector<kv::PagedKvStorage*> stores;
+    for (Rank& k : ranks_) stores.push_back(k.store);
+    hot_ = std::make_unique<TpHotTier>(std::move(stores));
+  }
+  return *hot_;
+}
 
 void TpRanks::release() {
   {

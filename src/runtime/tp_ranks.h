@@ -24,6 +24,21 @@
 
 namespace kvboost {
 
+// The ranks' K/V pools as the kv manager's one hot tier (a cold tier under TP, on the CPU): the
+// pieces of a block are every rank's pieces of it in rank order, so a spilled block carries all
+// the heads and a page-in restores every rank's part at once.
+class TpHotTier final : public kv::HotTier {
+ public:
+  explicit TpHotTier(std::vector<kv::PagedKvStorage*> stores) : stores_(std::move(stores)) {}
+  int64_t n_blocks() const override { return stores_[0]->n_blocks(); }
+  int64_t block_size() const override { return stores_[0]->block_size(); }
+  size_t block_bytes() const override;
+  std::vector<kv::IoPiece> block_pieces(kv::BlockId b) override;
+
+ private:
+  std::vector<kv::PagedKvStorage*> stores_;
+};
+
 class TpRanks {
  public:
   struct Rank {
@@ -34,9 +49,9 @@ class TpRanks {
     std::unique_ptr<gpu::PagedRunner> dev;        // a CUDA device
     dist::Comm comm = dist::Comm::local();
   };
-  // Errors: tp_plan's (heads that do not split, an architecture without TP), a layer-streamed
-  // or packed model (TpShard::create), and for a device: vram_budget, a device index past the
-  // count, gpu::PagedRunner::create's.
+  // Errors: tp_plan's (heads that do not split, an architecture without TP), a packed model
+  // (TpShard::create_group; a layer-streamed one shares its streamer over the ranks), and for a
+  // device: vram_budget, a device index past the count, gpu::PagedRunner::create's.
   TpRanks(const Model& model, int world, kv::PagedKvStorage& store0, const kernels::Device& device,
           int64_t rows_hint, uint64_t vram_budget);
   ~TpRanks();
@@ -46,6 +61,8 @@ class TpRanks {
   int world() const { return int(ranks_.size()); }
   Rank& rank(int r) { return ranks_[size_t(r)]; }
   bool on_device() const { return on_device_; }
+  // Every rank's pools as one hot tier (TpHotTier); Error on devices (not built there).
+  kv::HotTier& hot_tier();
   // fn(r) on every rank at once (rank 0 on this thread); returns when all have. A rank's
   // exception aborts the group (the others' collectives throw instead of waiting), and the first
   // rank's message is rethrown after all have stopped; the shared-memory group is then made anew
@@ -58,6 +75,7 @@ class TpRanks {
   void new_group();
   std::vector<Rank> ranks_;
   bool on_device_ = false;
+  std::unique_ptr<TpHotTier> hot_;
   std::unique_ptr<dist::ShmGroup> group_;
   bool nccl_ = false;
   // The team: a generation counter wakes the worker threads for each run.

@@ -165,6 +165,15 @@ TEST(Cli, TpOption) {
   ASSERT_EQ(one.rc, 0) << one.err;
   ASSERT_EQ(two.rc, 0) << two.err;
   EXPECT_EQ(two.out, one.out);
+  // With layer streaming (two of the five layers' slots) and with a cold tier: the same text.
+  Proc streamed = run(g + " --tp 2 --weight-budget 400K");
+  ASSERT_EQ(streamed.rc, 0) << streamed.err;
+  EXPECT_EQ(streamed.out, one.out);
+  const std::string g80 = "generate --model " + stories() + " -p 'Once upon a time' -n 80 --ignore-eos";
+  Proc one80 = run(g80);  // 85 tokens: 6 blocks over a hot pool of 3
+  Proc cold = run(g80 + " --tp 2 --kv-budget 64K --kv-cold-dir " + kvboost::test::make_temp_dir("cli_tp_cold"));
+  ASSERT_EQ(cold.rc, 0) << cold.err;
+  EXPECT_EQ(cold.out, one80.out);
   Proc bad = run(g + " --tp 3");
   EXPECT_EQ(bad.rc, 1);
   EXPECT_NE(bad.err.find("8 attention heads and 4 K/V heads do not split over 3 ranks"), std::string::npos) << bad.err;

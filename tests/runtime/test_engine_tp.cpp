@@ -190,14 +190,104 @@ TEST(EngineTp, WhatDoesNotSplitIsAClearError) {
   EXPECT_NE(e3.find("stories260K"), std::string::npos) << e3;
   EXPECT_NE(error_of([&] { load(stories(), 0); }).find("tp (--tp) 0: tensor parallelism needs 1 .. 64 ranks"),
             std::string::npos);
-  EngineOptions cold;
-  cold.cold_dir = test::make_temp_dir("engine_tp_cold");
-  EXPECT_NE(error_of([&] { load(stories(), 2, cold); }).find("with a cold tier (cold_dir, --kv-cold-dir) is not supported"),
-            std::string::npos);
-  EngineOptions streamed;
-  streamed.load.weight_budget = 1 << 20;
-  EXPECT_NE(error_of([&] { load(stories(), 2, streamed); }).find("with layer streaming (weight_budget, --weight-budget)"),
-            std::string::npos);
+}
+
+// A cold tier under TP: a block spills with every rank's heads (TpHotTier) and the ranks' pagers
+// page back in step (rank 0 pages in for all; kv::PagerSync). A quarter of the sequence's blocks
+// hot, then three requests submitted together (the CPU's cold tier runs one at a time) each
+// outgrowing the pool: the same greedy ids as a TP = 1 engine with all its K/V hot.
+TEST(EngineTp, ColdTierSpillsEveryRanksHeadsAndPagesThemBack) {
+  KVBOOST_REQUIRE_PATH(stories());
+  GenerateOptions o;
+  o.max_new_tokens = 251;  // 5 prompt tokens + 251 = 16 blocks of 16
+  o.ignore_eos = true;
+  o.sampling.temperature = 0.0f;
+  auto full = load(stories(), 1);
+  const std::vector<int32_t> want = full->generate("Once upon a time", o).output_ids;
+  const ModelConfig& c = full->model().config();
+  const size_t per_block = size_t(16 * 2 * c.n_layers * c.n_kv_heads * c.head_dim) * sizeof(float);
+  for (int tp : {2, 4}) {
+    SCOPED_TRACE(tp);
+    EngineOptions eo;
+    eo.kv_budget_bytes = 4 * per_block;
+    eo.cold_dir = test::make_temp_dir("engine_tp_cold");
+    auto e = load(stories(), tp, eo);
+    EXPECT_EQ(e->generate("Once upon a time", o).output_ids, want);
+    const kv::KvStats st = e->kv_stats();
+    EXPECT_EQ(st.n_blocks, 4);
+    EXPECT_GT(st.spills, 0);
+    EXPECT_GT(st.page_ins, 0);
+  }
+  // Three requests of 6 blocks over a hot pool of 4.
+  EngineOptions eo;
+  eo.max_batch = 3;
+  const std::vector<std::string> prompts = {"Once upon a time there was a little girl", "The cat sat on the mat and",
+                                            "Lily and Ben went to the park to play"};
+  auto run = [&](Engine& e) {
+    GenerateOptions g = o;
+    g.max_new_tokens = 86;
+    g.prefix_cache = false;
+    std::vector<std::shared_ptr<Request>> reqs;
+    for (const auto& p : prompts) reqs.push_back(e.submit(e.tokenizer().encode(p, true), g));
+    while (e.has_work()) e.step();
+    std::vector<std::vector<int32_t>> ids;
+    for (const auto& r : reqs) {
+      EXPECT_EQ(r->result().error, "");
+      ids.push_back(r->result().output_ids);
+    }
+    return ids;
+  };
+  const auto want3 = run(*load(stories(), 1, eo));
+  eo.kv_budget_bytes = 4 * per_block;
+  eo.cold_dir = test::make_temp_dir("engine_tp_cold3");
+  auto e = load(stories(), 2, eo);
+  EXPECT_EQ(run(*e), want3);
+  EXPECT_GT(e->kv_stats().spills, 0);
+  EXPECT_GT(e->kv_stats().page_ins, 0);
+}
+
+// Layer streaming under TP (--weight-budget): the ranks share the model's streamer, each pass
+// reading every layer once as at TP = 1, each rank taking its slices of the slot. Budgets of two
+// and three layers at tp 2 and 4 give the resident tp's ids; the layers read stay one pass's
+// worth per pass (one streamer per rank would read each layer `tp` times).
+TEST(EngineTp, LayerStreamingSharesOneStreamerOverTheRanks) {
+  for (const std::string arch : {"llama", "qwen2"}) {
+    SCOPED_TRACE(arch);
+    FixtureSpec s = fixture_preset("tiny");
+    s.arch = arch, s.layers = 4, s.dtype = "bf16";
+    s.init_std = 0.08f;
+    const std::string dir = test::make_temp_dir("engine_tp_stream_" + arch);
+    write_fixture_model(dir, s);
+    GenerateOptions o;
+    o.max_new_tokens = 16;
+    o.sampling.temperature = 0.0f;
+    o.ignore_eos = true;
+    const std::vector<std::string> prompts = {"Hello there, this is a test of the shards.", "Once upon a time"};
+    LoadOptions probe;
+    probe.weight_budget = Model::load(dir, LoadOptions{})->weight_bytes() / 2;
+    const std::unique_ptr<Model> streamed = Model::load(dir, probe);
+    const uint64_t slot = streamed->stream_info().slot_bytes;
+    ASSERT_GT(slot, 0u);
+    const std::string e1 = error_of([&] { TpShard::create(*streamed, 0, 2); });
+    EXPECT_NE(e1.find("the model is layer-streamed"), std::string::npos) << e1;
+    for (int tp : {2, 4}) {
+      auto resident = load(dir, tp);
+      std::vector<std::vector<int32_t>> want;
+      for (const auto& p : prompts) want.push_back(resident->generate(p, o).output_ids);
+      for (uint64_t n : {2, 3}) {
+        SCOPED_TRACE(testing::Message() << "tp " << tp << ", " << n << " slots");
+        EngineOptions eo;
+        eo.load.weight_budget = n * slot;
+        auto e = load(dir, tp, eo);
+        ASSERT_TRUE(e->model().stream_info().streaming);
+        for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(e->generate(prompts[i], o).output_ids, want[i]);
+        const Model::StreamInfo si = e->model().stream_info();
+        EXPECT_GT(si.passes, 0u);
+        EXPECT_GE(si.layers_read, si.passes * uint64_t(s.layers));
+        EXPECT_LE(si.layers_read, (si.passes + 1) * uint64_t(s.layers));  // read-ahead: under one pass more
+      }
+    }
+  }
 }
 
 // Gemma 3's sandwich norms are not in the TP layer: refused by name, before any rank is made.
