@@ -8,10 +8,12 @@
 #include "error_of.h"
 #include "kvboost/runtime.h"
 #include "testing/fixture.h"
+#include "greedy.h"
 #include "test_util.h"
 #include "tp_ranks.h"  // src/runtime
 
 using namespace kvboost;
+using kvboost::test::greedy;
 using kvboost::test::error_of;
 
 namespace {
@@ -20,6 +22,19 @@ std::string stories() { return test::model_path("stories260K"); }
 
 const std::vector<std::string> kPrompts = {"Once upon a time", "The cat sat on the", "Lily and Ben went to the park",
                                            "One day, a little bird"};
+
+// A tiny fixture of `arch` (8 heads over 4 K/V heads) with logits far from a tie; layers 0 and
+// dtype "" keep the preset's.
+std::string tp_fixture(const std::string& arch, const std::string& name, int64_t layers = 0, const std::string& dtype = "") {
+  FixtureSpec s = fixture_preset("tiny");
+  s.arch = arch;
+  if (layers > 0) s.layers = layers;
+  if (!dtype.empty()) s.dtype = dtype;
+  s.init_std = 0.08f;
+  const std::string dir = test::make_temp_dir(name);
+  write_fixture_model(dir, s);
+  return dir;
+}
 
 std::unique_ptr<Engine> load(const std::string& dir, int tp, EngineOptions eo = {}) {
   eo.tp = tp;
@@ -168,15 +183,8 @@ TEST(EngineTp, ChunksStoredUnderTpServeATp1Engine) {
 TEST(EngineTp, FixtureArchitecturesMatchTp1) {
   for (const std::string arch : {"qwen2", "qwen3"}) {
     SCOPED_TRACE(arch);
-    FixtureSpec s = fixture_preset("tiny");  // 8 heads over 4 K/V heads
-    s.arch = arch;
-    s.init_std = 0.08f;  // logits far from a tie
-    const std::string dir = test::make_temp_dir("engine_tp_" + arch);
-    write_fixture_model(dir, s);
-    GenerateOptions o;
-    o.max_new_tokens = 16;
-    o.sampling.temperature = 0.0f;
-    o.ignore_eos = true;
+    const std::string dir = tp_fixture(arch, "engine_tp_" + arch);
+    const GenerateOptions o = greedy(16);
     const std::string p = "Hello there, this is a test of the shards.";
     const GenerateResult ref = load(dir, 1)->generate(p, o);
     for (int tp : {2, 4}) EXPECT_EQ(load(dir, tp)->generate(p, o).output_ids, ref.output_ids) << "tp " << tp;
@@ -198,10 +206,7 @@ TEST(EngineTp, WhatDoesNotSplitIsAClearError) {
 // outgrowing the pool: the same greedy ids as a TP = 1 engine with all its K/V hot.
 TEST(EngineTp, ColdTierSpillsEveryRanksHeadsAndPagesThemBack) {
   KVBOOST_REQUIRE_PATH(stories());
-  GenerateOptions o;
-  o.max_new_tokens = 251;  // 5 prompt tokens + 251 = 16 blocks of 16
-  o.ignore_eos = true;
-  o.sampling.temperature = 0.0f;
+  const GenerateOptions o = greedy(251);  // 5 prompt tokens + 251 = 16 blocks of 16
   auto full = load(stories(), 1);
   const std::vector<int32_t> want = full->generate("Once upon a time", o).output_ids;
   const ModelConfig& c = full->model().config();
@@ -253,15 +258,9 @@ TEST(EngineTp, ColdTierSpillsEveryRanksHeadsAndPagesThemBack) {
 TEST(EngineTp, LayerStreamingSharesOneStreamerOverTheRanks) {
   for (const std::string arch : {"llama", "qwen2"}) {
     SCOPED_TRACE(arch);
-    FixtureSpec s = fixture_preset("tiny");
-    s.arch = arch, s.layers = 4, s.dtype = "bf16";
-    s.init_std = 0.08f;
-    const std::string dir = test::make_temp_dir("engine_tp_stream_" + arch);
-    write_fixture_model(dir, s);
-    GenerateOptions o;
-    o.max_new_tokens = 16;
-    o.sampling.temperature = 0.0f;
-    o.ignore_eos = true;
+    const int64_t n_layers = 4;
+    const std::string dir = tp_fixture(arch, "engine_tp_stream_" + arch, n_layers, "bf16");
+    const GenerateOptions o = greedy(16);
     const std::vector<std::string> prompts = {"Hello there, this is a test of the shards.", "Once upon a time"};
     LoadOptions probe;
     probe.weight_budget = Model::load(dir, LoadOptions{})->weight_bytes() / 2;
@@ -283,8 +282,8 @@ TEST(EngineTp, LayerStreamingSharesOneStreamerOverTheRanks) {
         for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(e->generate(prompts[i], o).output_ids, want[i]);
         const Model::StreamInfo si = e->model().stream_info();
         EXPECT_GT(si.passes, 0u);
-        EXPECT_GE(si.layers_read, si.passes * uint64_t(s.layers));
-        EXPECT_LE(si.layers_read, (si.passes + 1) * uint64_t(s.layers));  // read-ahead: under one pass more
+        EXPECT_GE(si.layers_read, si.passes * uint64_t(n_layers));
+        EXPECT_LE(si.layers_read, (si.passes + 1) * uint64_t(n_layers));  // read-ahead: under one pass more
       }
     }
   }

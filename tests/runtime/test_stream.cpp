@@ -4,9 +4,11 @@
 
 #include "kvboost/runtime.h"
 #include "testing/fixture.h"
+#include "greedy.h"
 #include "test_util.h"
 
 using namespace kvboost;
+using kvboost::test::greedy;
 
 namespace {
 
@@ -19,14 +21,6 @@ std::string fixture_dir() {
     return d;
   }();
   return dir;
-}
-
-GenerateOptions greedy(int n) {
-  GenerateOptions o;
-  o.max_new_tokens = n;
-  o.sampling.temperature = 0.0f;
-  o.ignore_eos = true;
-  return o;
 }
 
 }  // namespace
