@@ -149,24 +149,20 @@ std::unique_ptr<TpShard> TpShard::make(const Model& m, int rank, int world, std:
     S.k_bias = vec_slice(L.k_bias, k0, k1);
     S.v_bias = vec_slice(L.v_bias, k0, k1);
     if (!plan.o_bias) S.o_bias.clear();  // added once, on rank 0: the all-reduce sums every rank's output
-    if (streamed) {  // the shapes; the bytes are bound per pass (ShardLayers)
-      S.wq = slice_shape(L.wq, q0, q1, 0, L.wq.cols, "q_proj", l);
-      S.wk = slice_shape(L.wk, k0, k1, 0, L.wk.cols, "k_proj", l);
-      S.wv = slice_shape(L.wv, k0, k1, 0, L.wv.cols, "v_proj", l);
-      S.wo = slice_shape(L.wo, 0, L.wo.rows, q0, q1, "o_proj", l);
-      S.w_gate = slice_shape(L.w_gate, i0, i1, 0, L.w_gate.cols, "gate_proj", l);
-      S.w_up = slice_shape(L.w_up, i0, i1, 0, L.w_up.cols, "up_proj", l);
-      S.w_down = slice_shape(L.w_down, 0, L.w_down.rows, i0, i1, "down_proj", l);
-      t->layers_.push_back(std::move(S));
-      continue;
-    }
-    S.wq = row_slice(L.wq, q0, q1);
-    S.wk = row_slice(L.wk, k0, k1);
-    S.wv = row_slice(L.wv, k0, k1);
-    S.wo = col_slice(L.wo, q0, q1, t->store_[size_t(2 * l)], "o_proj", l);
-    S.w_gate = row_slice(L.w_gate, i0, i1);
-    S.w_up = row_slice(L.w_up, i0, i1);
-    S.w_down = col_slice(L.w_down, i0, i1, t->store_[size_t(2 * l + 1)], "down_proj", l);
+    // Streamed: the shapes only, the bytes are bound per pass (ShardLayers).
+    const auto rows = [&](const Weight& w, int64_t r0, int64_t r1, const char* name) {
+      return streamed ? slice_shape(w, r0, r1, 0, w.cols, name, l) : row_slice(w, r0, r1);
+    };
+    const auto cols = [&](const Weight& w, int64_t c0, int64_t c1, size_t store, const char* name) {
+      return streamed ? slice_shape(w, 0, w.rows, c0, c1, name, l) : col_slice(w, c0, c1, t->store_[store], name, l);
+    };
+    S.wq = rows(L.wq, q0, q1, "q_proj");
+    S.wk = rows(L.wk, k0, k1, "k_proj");
+    S.wv = rows(L.wv, k0, k1, "v_proj");
+    S.wo = cols(L.wo, q0, q1, size_t(2 * l), "o_proj");
+    S.w_gate = rows(L.w_gate, i0, i1, "gate_proj");
+    S.w_up = rows(L.w_up, i0, i1, "up_proj");
+    S.w_down = cols(L.w_down, i0, i1, size_t(2 * l + 1), "down_proj");
     t->layers_.push_back(std::move(S));
   }
   return t;

@@ -63,6 +63,12 @@ void ModelRunner::resident(kv::SeqId seq, int64_t first, int64_t n) const {
          kv_.pool().n_blocks(), " blocks (raise kv_budget_bytes, --kv-budget)");
 }
 
+void ModelRunner::resident_rows(kv::SeqId seq, int64_t begin, int64_t n) const {
+  if (n <= 0) return;
+  const int64_t bs = kv_.block_size();
+  resident(seq, begin / bs, (begin + n - 1) / bs - begin / bs + 1);
+}
+
 void ModelRunner::resident(std::span<const kv::SeqId> seqs) const {
   if (!dev_cold_) return;
   for (kv::SeqId s : seqs) resident(s);
@@ -141,7 +147,7 @@ void ModelRunner::copy_in(kv::SeqId seq, const reuse::CopyIn& c, const kv::Chunk
   const kv::Chunk& ch = *c.chunk;
   const int64_t len = int64_t(ch.tokens.size()), delta = c.begin - ch.pos0, t0 = std::max<int64_t>(0, c.from - c.begin);
   if (dev_) {  // the same rows into the device pools, keys re-rotated there
-    if (len > t0) resident(seq, (c.begin + t0) / kv_.block_size(), (c.begin + len - 1) / kv_.block_size() - (c.begin + t0) / kv_.block_size() + 1);
+    resident_rows(seq, c.begin + t0, len - t0);
     const std::span<const kv::BlockId> table = kv_.block_table(seq);
     kbuf_.resize(size_t(len * nkv)), vbuf_.resize(size_t(len * nkv));
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
@@ -165,7 +171,7 @@ void ModelRunner::read_chunk(kv::SeqId seq, int64_t begin, int64_t len, const kv
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim;
   if (dev_) {
-    if (len > 0) resident(seq, begin / kv_.block_size(), (begin + len - 1) / kv_.block_size() - begin / kv_.block_size() + 1);
+    resident_rows(seq, begin, len);
     kbuf_.resize(size_t(len * nkv)), vbuf_.resize(size_t(len * nkv));
     for (int64_t l = 0; l < cfg.n_layers; ++l) {
       dev_->read_rows(l, kv_.block_table(seq), begin, len, kbuf_.data(), vbuf_.data());

@@ -96,6 +96,8 @@ class ModelRunner {
   // tables of all of seqs, resident in the device pool.
   void resident(kv::SeqId seq, int64_t first = 0, int64_t n = -1) const;
   void resident(std::span<const kv::SeqId> seqs) const;
+  // The blocks holding rows [begin, begin + n) of seq resident (nothing for n <= 0).
+  void resident_rows(kv::SeqId seq, int64_t begin, int64_t n) const;
   std::vector<kv::SeqId> pass_seqs_;  // scratch
   std::vector<gpu::PagedSeq> dev_batch_;   // scratch, reused across steps
   std::vector<SeqBatch> batch_;  // scratch, reused across steps

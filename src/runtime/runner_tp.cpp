@@ -29,10 +29,6 @@ struct CommSync final : kv::PagerSync {
   dist::Comm& comm;
 };
 
-// Blocks [b0, b1] of the rows [begin, begin + n).
-int64_t first_block(int64_t begin, int64_t bs) { return begin / bs; }
-int64_t n_blocks(int64_t begin, int64_t n, int64_t bs) { return n > 0 ? (begin + n - 1) / bs - begin / bs + 1 : 0; }
-
 }  // namespace
 
 void ModelRunner::tp_copy_block(const kv::CopyOp& c) {
@@ -49,7 +45,7 @@ void ModelRunner::tp_copy_in(kv::SeqId seq, const reuse::CopyIn& c, const kv::Ch
   const kv::Chunk& ch = *c.chunk;
   const int64_t len = int64_t(ch.tokens.size()), delta = c.begin - ch.pos0, t0 = std::max<int64_t>(0, c.from - c.begin);
   if (len <= t0) return;
-  resident(seq, first_block(c.begin + t0, kv_.block_size()), n_blocks(c.begin + t0, len - t0, kv_.block_size()));
+  resident_rows(seq, c.begin + t0, len - t0);
   // Every layer's rows, whole, once; each rank takes its columns.
   kbuf_.resize(size_t(L * len * nkv)), vbuf_.resize(size_t(L * len * nkv));
   for (int64_t l = 0; l < L; ++l) kv::chunk_get_layer(ch, shape, l, kbuf_.data() + l * len * nkv, vbuf_.data() + l * len * nkv);
@@ -79,7 +75,7 @@ void ModelRunner::tp_read_chunk(kv::SeqId seq, int64_t begin, int64_t len, const
   const ModelConfig& cfg = model_.config();
   const int64_t nkv = cfg.n_kv_heads * cfg.head_dim, L = cfg.n_layers;
   if (len <= 0) return;
-  resident(seq, first_block(begin, kv_.block_size()), n_blocks(begin, len, kv_.block_size()));
+  resident_rows(seq, begin, len);
   kbuf_.resize(size_t(L * len * nkv)), vbuf_.resize(size_t(L * len * nkv));
   const std::span<const kv::BlockId> table = kv_.block_table(seq);
   tp_->run([&](int r) {  // each rank fills its columns of every layer's rows

@@ -85,8 +85,7 @@ std::vector<kv::IoPiece> TpHotTier::block_pieces(kv::BlockId b) {
 
 kv::HotTier& TpRanks::hot_tier() {
   if (on_device_)
-    fail("tensor parallelism over CUDA devices with a cold tier (cold_dir, --kv-cold-dir) is not supported: each "
-         "device's pools would need a spill chain of their own");
+    fail("TpRanks::hot_tier: the ranks' pools are on CUDA devices, not host pools a cold tier can spill");
   if (!hot_) {
     std::vector<kv::PagedKvStorage*> stores;
     for (Rank& k : ranks_) stores.push_back(k.store);
