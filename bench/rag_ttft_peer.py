@@ -85,6 +85,8 @@ def main():
     ap.add_argument("--log-dir", default="/tmp")
     ap.add_argument("--guard-risk", type=float, default=None,
                     help="kvboost's reuse.guard_risk per request (default: the server's, ReusePolicy::guard_risk)")
+    ap.add_argument("--guard-lead", type=float, default=None,
+                    help="kvboost's reuse.guard_lead per request (with --guard-risk 0 a fixed threshold; 0 and 0: the guard off)")
     ap.add_argument("--guard-tokens", type=int, default=None,
                     help="kvboost's reuse.guard_tokens per request (default: the server's, ReusePolicy::guard_tokens)")
     ap.add_argument("--turn", choices=["gemma", "chatml", "none"], default="gemma",
@@ -173,6 +175,8 @@ def main():
                         reuse["guard_risk"] = a.guard_risk
                     if a.guard_tokens is not None:
                         reuse["guard_tokens"] = a.guard_tokens
+                    if a.guard_lead is not None:
+                        reuse["guard_lead"] = a.guard_lead
                     ms, out = kv(segs, prompt, reuse=reuse)
                     t_kv.append(ms)
                     k = out.get("kvboost", {})
